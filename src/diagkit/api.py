@@ -1,0 +1,101 @@
+"""`diagnose`: measure, then judge, then hand back a `Diagnosis`."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .diagnosis import Diagnosis
+from .errors import DiagkitError
+from .findings import build_advice, build_findings
+from .inventory import take_inventory
+from .recorder import Recorder, run_steps
+from .state import SavedState
+from .summary import build_params
+from .target import DEFAULT_STEPS, Setup
+from .verdicts import judge
+
+
+def diagnose(model, optimizer=None, *, batch_fn=None, loss_fn=None, train_step=None,
+             steps: int | None = None, zero_grad_set_to_none: bool | None = None,
+             lr_scheduler=None, restore: bool = True) -> Diagnosis:
+    """Run `steps` real training steps under observation and judge every tensor.
+
+    `model` may also be a `Setup` (from `load_target`), which then supplies everything else.
+    With `restore=True` the model, buffers, optimizers, grads and RNG states come back bitwise.
+    """
+    setup = _as_setup(model, optimizer, batch_fn, loss_fn, train_step, zero_grad_set_to_none,
+                      lr_scheduler)
+    n_steps = steps if steps is not None else (setup.steps or DEFAULT_STEPS)
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
+        raise DiagkitError(f"steps must be a positive int, got {n_steps!r}")
+
+    inventory = take_inventory(setup.model, setup.optimizers)
+    recorder = Recorder(inventory, setup.optimizers)
+    saved = (SavedState(setup.model, inventory.tensors, setup.optimizers, setup.lr_scheduler)
+             if restore else None)
+    started = time.perf_counter()
+    try:
+        recorder.attach()
+        failure = run_steps(recorder, _step_function(setup), n_steps)
+    finally:
+        recorder.detach()
+        if saved is not None:
+            saved.restore()
+    elapsed = time.perf_counter() - started
+
+    steps_table = recorder.steps_table()
+    params = build_params(inventory, steps_table)
+    params["verdicts"], check_errors = judge(params, steps_table)
+    meta = {
+        "steps_requested": n_steps,
+        "steps_observed": int(steps_table["step"].nunique()) if len(steps_table) else 0,
+        "loop": "train_step" if setup.train_step is not None else "standard",
+        "losses": recorder.losses,
+        "seconds": round(elapsed, 4),
+        "torch": torch.__version__,
+        "restored": restore,
+    }
+    return Diagnosis(params=params, steps=steps_table,
+                     findings=build_findings(params, steps_table, check_errors, failure),
+                     advice=build_advice(params, steps_table), failure=failure, meta=meta)
+
+
+def _as_setup(model, optimizer, batch_fn, loss_fn, train_step, zero_grad_set_to_none,
+              lr_scheduler) -> Setup:
+    if isinstance(model, Setup):
+        extra = [k for k, v in (("optimizer", optimizer), ("batch_fn", batch_fn),
+                                ("loss_fn", loss_fn), ("train_step", train_step),
+                                ("lr_scheduler", lr_scheduler),
+                                ("zero_grad_set_to_none", zero_grad_set_to_none)) if v is not None]
+        if extra:
+            raise DiagkitError(f"a Setup already carries its loop; drop {', '.join(extra)}")
+        return model
+    return Setup(model=model, optimizers=optimizer, batch_fn=batch_fn, loss_fn=loss_fn,
+                 train_step=train_step,
+                 zero_grad_set_to_none=True if zero_grad_set_to_none is None
+                 else zero_grad_set_to_none,
+                 lr_scheduler=lr_scheduler)
+
+
+def _step_function(setup: Setup):
+    if setup.train_step is not None:
+        return setup.train_step
+
+    def standard_step(_step: int):
+        for opt in setup.optimizers:
+            opt.zero_grad(set_to_none=setup.zero_grad_set_to_none)
+        batch = setup.batch_fn()
+        loss = setup.loss_fn(setup.model, batch)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise DiagkitError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}"
+                               + (f" of shape {tuple(loss.shape)}"
+                                  if isinstance(loss, torch.Tensor) else ""))
+        loss.backward()
+        for opt in setup.optimizers:
+            opt.step()
+        if setup.lr_scheduler is not None:
+            setup.lr_scheduler.step()
+        return loss.detach()
+    return standard_step

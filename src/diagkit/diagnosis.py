@@ -1,0 +1,199 @@
+"""The result object: the two tables, the findings, the advice; saved and loaded whole."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import DiagkitError
+from .findings import Finding, worst_severity
+from .recorder import StepFailure
+from .schema import SEVERITY_RANK, TUPLE_COLUMNS
+
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass
+class Diagnosis:
+    params: pd.DataFrame
+    steps: pd.DataFrame
+    findings: list[Finding]
+    advice: dict
+    failure: StepFailure | None = None
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    # ---------------------------------------------------------------- queries
+    def verdicts(self) -> dict[str, set[str]]:
+        return {name: set(v) for name, v in zip(self.params["name"], self.params["verdicts"])}
+
+    def worst(self) -> str | None:
+        """Highest severity among the findings, or None when all is ok."""
+        return worst_severity(self.findings)
+
+    def fails(self, fail_on: str) -> bool:
+        worst = self.worst()
+        return worst is not None and SEVERITY_RANK[worst] >= SEVERITY_RANK[fail_on]
+
+    def to_json_dict(self) -> dict:
+        return {
+            "params": _records(self.params),
+            "findings": [f.to_dict() for f in self.findings],
+            "advice": self.advice,
+            "failure": dataclasses.asdict(self.failure) if self.failure else None,
+            "meta": self.meta,
+        }
+
+    # ---------------------------------------------------------------- files
+    def save(self, directory) -> Path:
+        """Write everything atomically: a reader sees the old folder or the complete new one."""
+        target = Path(directory)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            _to_parquet(self.params, tmp / "params.parquet")
+            _to_parquet(self.steps, tmp / "steps.parquet")
+            _write_json(tmp / "findings.json", [f.to_dict() for f in self.findings])
+            _write_json(tmp / "advice.json", self.advice)
+            _write_json(tmp / "run.json", {
+                "format": FORMAT_VERSION, "meta": self.meta,
+                "failure": dataclasses.asdict(self.failure) if self.failure else None})
+            replace_dir(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return target
+
+    # ---------------------------------------------------------------- notebook
+    def _repr_html_(self) -> str:
+        counts: dict[str, int] = {}
+        for vs in self.params["verdicts"]:
+            for v in vs:
+                counts[v] = counts.get(v, 0) + 1
+        esc = html.escape
+        badge = " · ".join(f"<b>{esc(k)}</b> {n}" for k, n in sorted(counts.items()))
+        rows = "".join(
+            f"<tr><td>{esc(f.severity)}</td><td>{esc(f.code)}</td><td>{esc(f.module)}</td>"
+            f"<td>{f.count}</td><td>{esc(f.message)}</td><td><code>{esc(f.fix)}</code></td></tr>"
+            for f in self.findings)
+        fup = self.advice.get("find_unused_parameters", {})
+        sg = self.advice.get("static_graph", {})
+        return (
+            f"<div class='diagkit'><p>diagkit: {len(self.params)} tensors, "
+            f"{self.meta.get('steps_observed', 0)} steps observed. {badge}</p>"
+            + (f"<table><tr><th>severity</th><th>code</th><th>where</th><th>tensors</th>"
+               f"<th>finding</th><th>fix</th></tr>{rows}</table>" if rows else "")
+            + f"<p>find_unused_parameters={esc(str(fup.get('value')))}: "
+              f"{esc(str(fup.get('evidence', '')))}. static_graph possible: "
+              f"{esc(str(sg.get('value')))} ({esc(str(sg.get('evidence', '')))}).</p></div>")
+
+    def __repr__(self) -> str:
+        return (f"<Diagnosis {len(self.params)} tensors, {self.meta.get('steps_observed', 0)} "
+                f"steps, {len(self.findings)} findings, worst={self.worst()}>")
+
+
+def load(directory) -> Diagnosis:
+    """Read a folder written by `Diagnosis.save`."""
+    folder = Path(directory)
+    if not (folder / "run.json").is_file():
+        raise DiagkitError(f"{folder} is not a saved diagnosis (no run.json)")
+    run = json.loads((folder / "run.json").read_text())
+    failure = StepFailure(**run["failure"]) if run.get("failure") else None
+    return Diagnosis(
+        params=_from_parquet(folder / "params.parquet"),
+        steps=_from_parquet(folder / "steps.parquet"),
+        findings=[Finding.from_dict(d) for d in
+                  json.loads((folder / "findings.json").read_text())],
+        advice=json.loads((folder / "advice.json").read_text()),
+        failure=failure,
+        meta=run.get("meta", {}),
+    )
+
+
+# -------------------------------------------------------------------- helpers
+def replace_dir(tmp: Path, target: Path) -> None:
+    """Swap a fully written folder into place."""
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+
+
+def write_json_atomic(path, payload) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh, indent=2, default=_json_default, allow_nan=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_json(path: Path, payload) -> None:
+    path.write_text(json.dumps(payload, indent=2, default=_json_default, allow_nan=False))
+
+
+def _json_default(obj):
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return None if not np.isfinite(obj) else float(obj)
+    if isinstance(obj, (np.bool_,)):
+        return bool(obj)
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    out = []
+    for row in df.to_dict(orient="records"):
+        out.append({k: _clean(v) for k, v in row.items()})
+    return out
+
+
+def _clean(v):
+    if isinstance(v, tuple):
+        return [_clean(x) for x in v]
+    if v is pd.NA or v is None:
+        return None
+    if isinstance(v, (float, np.floating)):
+        return float(v) if np.isfinite(v) else None
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.bool_):
+        return bool(v)
+    return v
+
+
+def _to_parquet(df: pd.DataFrame, path: Path) -> None:
+    out = df.copy()
+    for col in TUPLE_COLUMNS:
+        if col in out:
+            out[col] = out[col].map(lambda t: json.dumps(list(t)))
+    out.to_parquet(path, index=False)
+
+
+def _from_parquet(path: Path) -> pd.DataFrame:
+    df = pd.read_parquet(path)
+    for col in TUPLE_COLUMNS:
+        if col in df:
+            df[col] = df[col].map(lambda s: _as_tuple(json.loads(s)))
+    return df
+
+
+def _as_tuple(value):
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, list) else value

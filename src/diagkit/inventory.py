@@ -1,0 +1,99 @@
+"""Which tensors exist, who owns them, and which optimizer groups hold them.
+
+Identity is the only key: tied weights are one tensor with aliases, and optimizer membership is
+`is`, never a name or a value (a name filter is exactly the bug we are looking for).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass
+class Inventory:
+    """The unique tensors under observation, in table order, and their static facts."""
+
+    tensors: list[torch.Tensor]
+    rows: list[dict]
+    # (optimizer, group) of each tensor's first membership, or None: where its lr is read.
+    first_group: list[tuple[int, int] | None]
+
+    @property
+    def names(self) -> list[str]:
+        return [row["name"] for row in self.rows]
+
+
+def take_inventory(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> Inventory:
+    tensors: list[torch.Tensor] = []
+    rows: list[dict] = []
+    index: dict[int, int] = {}
+
+    modules = dict(model.named_modules(remove_duplicate=False))
+    for name, tensor in model.named_parameters(remove_duplicate=False):
+        key = id(tensor)
+        if key in index:
+            rows[index[key]]["aliases"] += (name,)
+            continue
+        index[key] = len(tensors)
+        tensors.append(tensor)
+        module = name.rpartition(".")[0]
+        rows.append(_row(name, tensor, module, type(modules[module]).__name__, in_model=True))
+
+    memberships: dict[int, list[tuple[int, int]]] = {}
+    for i, opt in enumerate(optimizers):
+        for j, group in enumerate(opt.param_groups):
+            for k, tensor in enumerate(group["params"]):
+                key = id(tensor)
+                if key not in index:  # held by an optimizer, not by the model
+                    index[key] = len(tensors)
+                    tensors.append(tensor)
+                    rows.append(_row(f"<optimizer {i} group {j} #{k}>", tensor, "", "",
+                                     in_model=False))
+                pairs = memberships.setdefault(key, [])
+                if (i, j) not in pairs:
+                    pairs.append((i, j))
+
+    first_group = []
+    for tensor, row in zip(tensors, rows):
+        pairs = tuple(memberships.get(id(tensor), ()))
+        row["memberships"] = pairs
+        row["n_optimizers"] = len({i for i, _ in pairs})
+        row["optimizer"], row["group"] = pairs[0] if pairs else (None, None)
+        first_group.append(pairs[0] if pairs else None)
+        row["lr"], row["weight_decay"] = _hyper(optimizers, pairs)
+    return Inventory(tensors=tensors, rows=rows, first_group=first_group)
+
+
+def _row(name, tensor, module, module_type, in_model):
+    return {
+        "name": name,
+        "aliases": (),
+        "module": module,
+        "module_type": module_type,
+        "shape": tuple(tensor.shape),
+        "numel": tensor.numel(),
+        "bytes": tensor.numel() * tensor.element_size(),
+        "dtype": str(tensor.dtype),
+        "device": str(tensor.device),
+        "in_model": in_model,
+        "requires_grad": tensor.requires_grad,
+    }
+
+
+def _hyper(optimizers, pairs):
+    """lr and weight decay of the first group; a group with weight decay counts if any does."""
+    if not pairs:
+        return float("nan"), float("nan")
+    i, j = pairs[0]
+    lr = group_lr(optimizers[i].param_groups[j])
+    decays = [float(optimizers[a].param_groups[b].get("weight_decay", 0.0) or 0.0)
+              for a, b in pairs]
+    positive = [d for d in decays if d > 0]
+    return lr, (positive[0] if positive else decays[0])
+
+
+def group_lr(group: dict) -> float:
+    lr = group.get("lr", float("nan"))
+    return float(lr.item() if isinstance(lr, torch.Tensor) else lr)

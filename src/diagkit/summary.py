@@ -1,0 +1,53 @@
+"""Fold the per-step table into the per-tensor table (the `params` of SPEC 2.2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .inventory import Inventory
+from .schema import PARAMS_COLUMNS
+
+
+def build_params(inventory: Inventory, steps: pd.DataFrame) -> pd.DataFrame:
+    """Static facts from the inventory joined with aggregates over the observed steps."""
+    params = pd.DataFrame(inventory.rows)
+    params["optimizer"] = params["optimizer"].astype("Int64")
+    params["group"] = params["group"].astype("Int64")
+    agg = aggregate_steps(steps)
+    params = params.merge(agg, how="left", left_on="name", right_index=True,
+                          suffixes=("_static", ""))
+    # Before any step ran, requires_grad and lr are what the inventory saw.
+    for col in ("requires_grad", "lr"):
+        params[col] = params[col].where(params[col].notna(), params[f"{col}_static"])
+    params["requires_grad"] = params["requires_grad"].astype(bool)
+    for col in ("steps", "rg_steps", "used_steps", "changed_steps", "carried_steps",
+                "nonfinite_steps"):
+        params[col] = params[col].fillna(0).astype(np.int64)
+    params["verdicts"] = [()] * len(params)
+    return params[list(PARAMS_COLUMNS)].reset_index(drop=True)
+
+
+def aggregate_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    if steps.empty:
+        return pd.DataFrame(columns=["requires_grad", "lr", "steps"]).rename_axis("name")
+    s = steps.sort_values("step", kind="stable")
+    g = s.groupby("name", sort=False)
+    used_grad = s["grad_norm"].where(s["used"])
+    last = s.drop_duplicates("name", keep="last").set_index("name")
+    out = pd.DataFrame({
+        "requires_grad": last["requires_grad"],
+        "lr": last["lr"],
+        "steps": g["step"].nunique(),
+        "rg_steps": g["requires_grad"].sum(),
+        "used_steps": g["used"].sum(),
+        "changed_steps": g["changed"].sum(),
+        "carried_steps": g["carried_grad"].sum(),
+        "nonfinite_steps": g["nonfinite"].sum(),
+        "grad_norm": used_grad.groupby(s["name"], sort=False).last(),
+        "grad_total_norm": last["grad_total_norm"],
+        "delta_norm": g["delta_norm"].mean(),
+        "update_ratio": g["update_ratio"].mean(),
+    })
+    out.index.name = "name"
+    return out
