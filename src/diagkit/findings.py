@@ -107,7 +107,7 @@ def accessor(name: str, root: str = "model") -> str:
 
 
 def _what(label: str, group: pd.DataFrame) -> str:
-    size = _human_bytes(int(group["bytes"].sum()))
+    size = human_bytes(int(group["bytes"].sum()))
     if len(group) == 1:
         return f"`{group['name'].iloc[0]}` ({size})"
     where = f"`{label}`" if label else "the whole model"
@@ -129,7 +129,7 @@ def _params_expr(label: str, group: pd.DataFrame) -> str:
     return "[" + ", ".join(accessor(n) for n in group["name"]) + "]"
 
 
-def _human_bytes(n: int) -> str:
+def human_bytes(n: int) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -320,7 +320,7 @@ def build_advice(params: pd.DataFrame, steps: pd.DataFrame) -> dict:
         parts = []
         if never:
             parts.append(f"{len(never)} tensor(s) requiring grad never received a gradient "
-                         f"({_human_bytes(dead_bytes)} of dead weight)")
+                         f"({human_bytes(dead_bytes)} of dead weight)")
         if sometimes:
             parts.append(f"{len(sometimes)} tensor(s) received gradients on some steps only")
         fup_evidence = "; ".join(parts) + f" over {n_steps} steps"

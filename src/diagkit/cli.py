@@ -1,0 +1,162 @@
+"""The `diagkit` console script. Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad
+usage or bad input (one line on stderr, never a traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+from .errors import DiagkitError
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse prints usage + message by default)
+        raise DiagkitError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="diagkit",
+                     description="Find mis-wired parameters in PyTorch training.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    check = sub.add_parser("check", help="diagnose a target and print its findings")
+    _target_options(check)
+    check.add_argument("--json", metavar="PATH", help="write params, findings and advice as JSON")
+    check.add_argument("--save", metavar="DIR", help="save the whole diagnosis (diagkit.load)")
+
+    demo = sub.add_parser("demo", help="diagnose the bundled demos and write an HTML report")
+    demo.add_argument("--out", metavar="DIR", default="out/demo", help="report folder")
+    demo.add_argument("--steps", type=_positive_int, default=5, metavar="N")
+    return parser
+
+
+def _target_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", help="'package.module:function' or 'path/to/file.py:function'")
+    p.add_argument("--arg", action="append", default=[], metavar="K=V",
+                   help="keyword argument for the target function (repeatable); V is a Python "
+                        "literal or a plain string")
+    p.add_argument("--steps", type=_positive_int, metavar="N",
+                   help="training steps to observe (default: the target's, else 5)")
+    p.add_argument("--checkpoint", metavar="PATH",
+                   help="load this checkpoint into the model first (weights_only=True)")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="allow a checkpoint that needs arbitrary unpickling (runs its code)")
+    p.add_argument("--nproc", type=_positive_int, default=1, metavar="N",
+                   help="processes of a torch.distributed job (1 = this process)")
+    p.add_argument("--fail-on", choices=["error", "warning", "info", "never"], default="error",
+                   help="exit 1 when a finding is at or above this severity (default: error)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def parse_target_args(pairs: list[str]) -> dict:
+    """`k=v` pairs; v is a Python literal when it parses as one, else the plain string."""
+    kwargs = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise DiagkitError(f"--arg {pair!r} is not of the form NAME=VALUE")
+        try:
+            kwargs[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            kwargs[key] = raw
+    return kwargs
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _run(argv)
+    except DiagkitError as exc:
+        print(f"diagkit: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("diagkit: interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+def _run(argv) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from . import __version__
+        print(__version__)
+        return EXIT_OK
+    if args.command is None:
+        raise DiagkitError("missing command: use 'diagkit check TARGET' or 'diagkit demo' "
+                           "(see 'diagkit --help')")
+    if args.command == "check":
+        return _check(args)
+    return _demo(args)
+
+
+def _diagnose_target(args):
+    """Shared by the commands that run a target: validate everything, then diagnose."""
+    if args.nproc != 1:
+        raise DiagkitError(f"--nproc {args.nproc}: distributed runs are not available in this "
+                           "version; use --nproc 1")
+    for option in ("json", "save"):
+        _check_writable(getattr(args, option, None), f"--{option}")
+    kwargs = parse_target_args(args.arg)
+    from .api import diagnose
+    from .target import load_target
+    setup = load_target(args.target, **kwargs)
+    if args.checkpoint:
+        from .checkpoint import load_checkpoint
+        load_checkpoint(setup.model, args.checkpoint, trust=args.trust_checkpoint)
+    return diagnose(setup, steps=args.steps)
+
+
+def _check_writable(path: str | None, option: str) -> None:
+    if path is None:
+        return
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise DiagkitError(f"{option} {path}: folder {parent} does not exist")
+
+
+def _check(args) -> int:
+    diag = _diagnose_target(args)
+    from .text import render_findings
+    print(render_findings(diag))
+    if args.json:
+        from .diagnosis import write_json_atomic
+        write_json_atomic(args.json, diag.to_json_dict())
+    if args.save:
+        diag.save(args.save)
+    return EXIT_FINDINGS if args.fail_on != "never" and diag.fails(args.fail_on) else EXIT_OK
+
+
+def _demo(args) -> int:
+    from .api import diagnose
+    from .demos import DEMOS
+    from .report import write_report
+    from .target import load_target
+    sections = {}
+    for name in DEMOS:
+        print(f"diagkit: diagnosing diagkit.demos:{name} ...", file=sys.stderr)
+        sections[f"diagkit.demos:{name}"] = diagnose(load_target(f"diagkit.demos:{name}"),
+                                                     steps=args.steps)
+    path = write_report(args.out, sections, title="diagkit demo report")
+    print(f"diagkit: demo report written to {path.resolve()}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

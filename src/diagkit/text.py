@@ -1,0 +1,38 @@
+"""Plain-text rendering for the terminal (`diagkit check`). Presents only; never measures."""
+
+from __future__ import annotations
+
+import textwrap
+from collections import Counter
+
+from .findings import human_bytes
+
+
+def render_findings(diag, width: int = 100) -> str:
+    params = diag.params
+    counts = Counter(f.severity for f in diag.findings)
+    summary = ", ".join(f"{counts[s]} {s}{'s' if counts[s] != 1 else ''}"
+                        for s in ("error", "warning", "info") if counts[s])
+    lines = [f"diagkit: {len(params)} tensors ({human_bytes(int(params['bytes'].sum()))}), "
+             f"{diag.meta.get('steps_observed', 0)} steps observed — "
+             f"{summary or 'no findings: every tensor is ok'}"]
+    if diag.findings:
+        lines.append("")
+        lines.append(f"{'SEVERITY':<8}  {'VERDICT':<22}  {'WHERE':<44}  {'TENSORS':>7}  BYTES")
+    indent = " " * 10
+    for f in diag.findings:
+        where = f.module if len(f.module) <= 44 else "…" + f.module[-43:]
+        lines.append(f"{f.severity:<8}  {f.code:<22}  {where:<44}  {f.count:>7}  "
+                     f"{human_bytes(f.bytes)}")
+        lines += textwrap.wrap(f.message, width, initial_indent=indent, subsequent_indent=indent)
+        lines += textwrap.wrap("fix: " + f.fix, width, initial_indent=indent,
+                               subsequent_indent=indent + "     ", break_on_hyphens=False)
+    fup = diag.advice.get("find_unused_parameters", {})
+    sg = diag.advice.get("static_graph", {})
+    lines.append("")
+    lines += textwrap.wrap(
+        f"advice: find_unused_parameters={fup.get('value')} ({fup.get('evidence', '')}); "
+        f"{fup.get('recommendation', '')}.", width, subsequent_indent="        ")
+    lines += textwrap.wrap(f"        static_graph possible: {sg.get('value')} "
+                           f"({sg.get('evidence', '')}).", width, subsequent_indent="        ")
+    return "\n".join(lines)
