@@ -58,8 +58,9 @@ def build_findings(params: pd.DataFrame, steps: pd.DataFrame,
         flagged = verdicts.map(lambda vs, c=code: c in vs).to_numpy(dtype=bool)
         if not flagged.any():
             continue
-        for label, rows in _subtrees(params, flagged):
-            group = params.iloc[rows]
+        for label, rows, whole in _subtrees(params, flagged):
+            group = params.iloc[rows].copy()
+            group.attrs["whole"] = whole
             message, fix = _EXPLAIN.get(code, _explain_generic)(code, label, group, steps)
             findings.append(Finding(code, v.severity, tuple(group["name"]), message, fix,
                                     module=label, count=len(group),
@@ -73,25 +74,48 @@ def _ancestors(module: str) -> list[str]:
     return [""] + [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
-def _subtrees(params: pd.DataFrame, flagged: np.ndarray) -> list[tuple[str, list[int]]]:
-    """Group flagged rows under the highest module whose whole subtree is flagged."""
+MAX_GROUPS = 6  # past this many groups for one verdict, coarsen to broader subtrees
+
+
+def _subtrees(params: pd.DataFrame, flagged: np.ndarray) -> list[tuple[str, list[int], bool]]:
+    """Group flagged rows under the highest module whose whole subtree is flagged.
+
+    Returns (label, rows, whole). Scattered hits (every bias, say) would give one group per
+    module; beyond MAX_GROUPS they are gathered under their broadest common subtrees instead,
+    and such a group is marked partial (whole=False).
+    """
     total, hit = Counter(), Counter()
     for module, in_model, is_hit in zip(params["module"], params["in_model"], flagged):
         if in_model:
             for anc in _ancestors(module):
                 total[anc] += 1
                 hit[anc] += int(is_hit)
-    groups: dict[str, list[int]] = {}
+    keys: dict[int, str] = {}
     for i in np.flatnonzero(flagged):
         row = params.iloc[i]
         if not row["in_model"]:
-            key = row["name"]
-        else:
-            key = next((a for a in _ancestors(row["module"]) if hit[a] == total[a]), None)
-            if key is None:
-                key = row["name"]
-        groups.setdefault(key, []).append(int(i))
-    return [(key, rows) for key, rows in groups.items()]
+            keys[int(i)] = row["name"]
+            continue
+        whole = next((a for a in _ancestors(row["module"]) if hit[a] == total[a]), None)
+        keys[int(i)] = whole if whole is not None else row["name"]
+    if len(set(keys.values())) > MAX_GROUPS:
+        keys = _coarsen(keys, params)
+    groups: dict[str, list[int]] = {}
+    for i, key in keys.items():
+        groups.setdefault(key, []).append(i)
+    return [(key, rows, len(rows) == 1 or (key in total and hit[key] == total[key]))
+            for key, rows in groups.items()]
+
+
+def _coarsen(keys: dict[int, str], params: pd.DataFrame) -> dict[int, str]:
+    """The deepest module level at which the groups number at most MAX_GROUPS."""
+    in_model = params["in_model"].to_numpy()
+    depth = max(len(k.split(".")) for k in keys.values())
+    for d in range(depth, 0, -1):
+        trial = {i: (".".join(k.split(".")[:d]) if in_model[i] else k) for i, k in keys.items()}
+        if len(set(trial.values())) <= MAX_GROUPS:
+            return trial
+    return {i: ("" if in_model[i] else k) for i, k in keys.items()}
 
 
 # ------------------------------------------------------------------ wording
@@ -111,12 +135,15 @@ def _what(label: str, group: pd.DataFrame) -> str:
     if len(group) == 1:
         return f"`{group['name'].iloc[0]}` ({size})"
     where = f"`{label}`" if label else "the whole model"
+    if not group.attrs.get("whole", True):
+        where = f"{len(group)} tensors in {where}" if label else f"{len(group)} tensors"
+        return f"{where} ({size}; e.g. `{group['name'].iloc[0]}`)"
     return f"{where} ({len(group)} tensors, {size})"
 
 
 def _iter_expr(label: str, group: pd.DataFrame) -> str:
     """Something to loop over in a fix: the module's .parameters() when a subtree is whole."""
-    if len(group) > 1 and label and group["in_model"].all():
+    if len(group) > 1 and label and group["in_model"].all() and group.attrs.get("whole", True):
         return f"{accessor(label)}.parameters()"
     return _params_expr(label, group)
 
@@ -124,7 +151,7 @@ def _iter_expr(label: str, group: pd.DataFrame) -> str:
 def _params_expr(label: str, group: pd.DataFrame) -> str:
     if len(group) == 1:
         return f"[{accessor(group['name'].iloc[0])}]"
-    if label and group["in_model"].all():
+    if label and group["in_model"].all() and group.attrs.get("whole", True):
         return f"list({accessor(label)}.parameters())"
     return "[" + ", ".join(accessor(n) for n in group["name"]) + "]"
 
@@ -175,7 +202,8 @@ def _explain_unused(code, label, group, steps):
                "never uses it. Under DDP this forces find_unused_parameters=True, and it is dead "
                "weight in the optimizer and every checkpoint.")
     drop = (f"  — or drop the submodule before building the optimizer: del {accessor(label)}"
-            if label and len(group) > 1 and group["in_model"].all() else "")
+            if label and len(group) > 1 and group["in_model"].all() and group.attrs.get("whole", True)
+            else "")
     fix = (f"Freeze it: for p in {_iter_expr(label, group)}: p.requires_grad_(False){drop}; then wrap with "
            "DDP(model, find_unused_parameters=False).")
     return message, fix
