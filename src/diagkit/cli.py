@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import sys
 from pathlib import Path
 
@@ -85,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("diagkit: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a diagkit bug: still one line, the traceback on request
+        if os.environ.get("DIAGKIT_DEBUG"):
+            raise
+        print(f"diagkit: internal error: {type(exc).__name__}: {_one_line(exc)} "
+              "(set DIAGKIT_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _one_line(exc: Exception) -> str:

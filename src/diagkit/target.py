@@ -34,6 +34,7 @@ class Setup:
 
     model: torch.nn.Module
     optimizers: list = dataclasses.field(default_factory=list)
+    optimizer: dataclasses.InitVar[Any] = None  # alias: one optimizer (or a list)
     batch_fn: Callable[[], Any] | None = None
     loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None
     train_step: Callable[[int], Any] | None = None
@@ -41,7 +42,11 @@ class Setup:
     zero_grad_set_to_none: bool = True
     lr_scheduler: Any = None
 
-    def __post_init__(self):
+    def __post_init__(self, optimizer=None):
+        if optimizer is not None:
+            if self.optimizers:
+                raise TargetError("give 'optimizer' or 'optimizers', not both")
+            self.optimizers = optimizer
         self.optimizers = _as_optimizer_list(self.optimizers)
         self.validate()
 
@@ -119,7 +124,13 @@ def load_target(spec: str, **kwargs) -> Setup:
     """Import `"package.module:function"` or `"path/to/file.py:function"` and call it."""
     fn = resolve_target(spec)
     _check_kwargs(fn, spec, kwargs)
-    result = fn(**kwargs)
+    try:
+        result = fn(**kwargs)
+    except TargetError:
+        raise
+    except Exception as exc:  # the user's builder failed: say so in one line, keep the cause
+        raise TargetError(f"target {spec!r} raised while building the setup: "
+                          f"{type(exc).__name__}: {exc}") from exc
     return Setup.from_mapping(result, origin=f"target {spec!r}")
 
 
