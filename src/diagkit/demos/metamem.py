@@ -112,11 +112,13 @@ def meta_memory(steps: int = 5, seed: int = 0, vocab: int = 64, d: int = 32, n_m
         },
         {"params": list(iter_learnable_tensors(metanet.metalora)), "weight_decay": weight_decay},
     ], lr=lr)
-    batches = token_batches(vocab, batch, seq + 1, seed + 1)
+    # One fixed batch, as in a memorise-one-batch sanity run: the memory's gradient then points
+    # the same way every step, and its uncleared .grad visibly grows.
+    fixed = token_batches(vocab, batch, seq + 1, seed + 1)()
 
     def loss_fn(model, ids):
         logits = model(ids[:, :-1])
         return F.cross_entropy(logits.reshape(-1, vocab), ids[:, 1:].reshape(-1))
 
-    return {"model": ddp_metanet, "optimizer": optimizer, "batch_fn": batches,
+    return {"model": ddp_metanet, "optimizer": optimizer, "batch_fn": lambda: fixed,
             "loss_fn": loss_fn, "steps": steps}
