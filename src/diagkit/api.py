@@ -32,6 +32,9 @@ def diagnose(model, optimizer=None, *, batch_fn=None, loss_fn=None, train_step=N
         raise DiagkitError(f"steps must be a positive int, got {n_steps!r}")
 
     inventory = take_inventory(setup.model, setup.optimizers)
+    if not inventory.tensors:
+        raise DiagkitError("the model has no parameters and the optimizers hold none: "
+                           "nothing to diagnose")
     recorder = Recorder(inventory, setup.optimizers)
     saved = (SavedState(setup.model, inventory.tensors, setup.optimizers, setup.lr_scheduler)
              if restore else None)

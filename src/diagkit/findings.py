@@ -197,15 +197,15 @@ def _explain_orphan(code, label, group, steps):
 
 
 def _explain_unused(code, label, group, steps):
-    expr = _params_expr(label, group)
+    whole_module = (label and len(group) > 1 and group["in_model"].all()
+                    and group.attrs.get("whole", True))
     message = (f"{_what(label, group)} requires grad but never receives a gradient: the forward "
                "never uses it. Under DDP this forces find_unused_parameters=True, and it is dead "
                "weight in the optimizer and every checkpoint.")
     drop = (f"  — or drop the submodule before building the optimizer: del {accessor(label)}"
-            if label and len(group) > 1 and group["in_model"].all() and group.attrs.get("whole", True)
-            else "")
-    fix = (f"Freeze it: for p in {_iter_expr(label, group)}: p.requires_grad_(False){drop}; then wrap with "
-           "DDP(model, find_unused_parameters=False).")
+            if whole_module else "")
+    fix = (f"Freeze it: for p in {_iter_expr(label, group)}: p.requires_grad_(False){drop}; "
+           "then wrap with DDP(model, find_unused_parameters=False).")
     return message, fix
 
 

@@ -15,13 +15,16 @@ def grad_norm_figure(steps: pd.DataFrame, params: pd.DataFrame, top: int = 8) ->
     """
     fig = Figure(figsize=(7.5, 3.6), layout="constrained")
     ax = fig.add_subplot()
-    flagged = params[params["verdicts"].map(lambda v: v != ("ok",))]
-    ranked = list(flagged["name"]) + [n for n in params.sort_values(
-        "grad_total_norm", ascending=False, na_position="last")["name"] if n not in set(flagged["name"])]
-    shown = [n for n in ranked if steps.loc[steps["name"] == n, "grad_total_norm"].notna().any()][:top]
+    flagged = set(params.loc[params["verdicts"].map(lambda v: v != ("ok",)), "name"])
+    by_norm = params.sort_values("grad_total_norm", ascending=False, na_position="last")["name"]
+    ranked = [n for n in params["name"] if n in flagged] + [n for n in by_norm if n not in flagged]
+    has_grad = steps.groupby("name")["grad_total_norm"].count()
+    shown = [n for n in ranked if has_grad.get(n, 0) > 0][:top]
+    per_name = {name: s.sort_values("step") for name, s in steps[steps["name"].isin(shown)]
+                .groupby("name")}
     for name in shown:
-        s = steps[steps["name"] == name].sort_values("step")
-        problem = name in set(flagged["name"])
+        s = per_name[name]
+        problem = name in flagged
         line, = ax.plot(s["step"], s["grad_total_norm"], marker="o", lw=2.2 if problem else 1,
                         alpha=1 if problem else 0.55, label=f"{name} (.grad)")
         if problem:

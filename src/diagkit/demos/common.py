@@ -24,7 +24,7 @@ class WrapperLikeDDP(nn.Module):
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """minGPT-style split by identity: matrices decay, biases and norm weights don't."""
     decay, no_decay = [], []
-    for module_name, module in model.named_modules():
+    for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
             is_norm = "Norm" in type(module).__name__
             (no_decay if name.endswith("bias") or is_norm or p.dim() < 2 else decay).append(p)
