@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -12,6 +14,8 @@ from .errors import DiagkitError
 
 NESTED_KEYS = ("model", "state_dict", "model_state_dict", "module", "net")
 TRUST_FLAG = "--trust-checkpoint"
+# What torch's weights-only unpickler says when a file names a class or function to run.
+_NEEDS_CODE = re.compile(r"Unsupported global|not an allowed global|global .* is not allowed")
 
 
 def read_checkpoint(path, trust: bool = False):
@@ -21,9 +25,11 @@ def read_checkpoint(path, trust: bool = False):
     if file.stat().st_size == 0:
         raise DiagkitError(f"checkpoint {path} is empty")
     try:
-        return torch.load(file, map_location="cpu", weights_only=not trust)
+        with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's news
+            warnings.simplefilter("ignore")
+            return torch.load(file, map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as exc:
-        if "weights_only" in str(exc) or "Weights only load failed" in str(exc):
+        if _NEEDS_CODE.search(str(exc)):
             raise DiagkitError(f"checkpoint {path} needs arbitrary unpickling (it can run code) "
                                f"and was refused; if you trust its source, pass {TRUST_FLAG}"
                                ) from None

@@ -131,11 +131,20 @@ def _diagnose_target(args):
 
 
 def _check_writable(path: str | None, option: str) -> None:
+    """Fail before the (possibly long) run, not after it, when an output cannot be written."""
     if path is None:
         return
-    parent = Path(path).resolve().parent
+    target = Path(path)
+    parent = target.resolve().parent
     if not parent.is_dir():
         raise DiagkitError(f"{option} {path}: folder {parent} does not exist")
+    if option == "--json" and target.is_dir():
+        raise DiagkitError(f"{option} {path} is a folder; give a file name")
+    if option == "--out" and target.exists() and not target.is_dir():
+        raise DiagkitError(f"{option} {path} exists and is not a folder")
+    if option == "--save":  # save replaces the folder: only one diagkit wrote, or an empty one
+        from .diagnosis import check_replaceable_dir
+        check_replaceable_dir(target, marker="run.json")
 
 
 def _check(args) -> int:
@@ -151,6 +160,7 @@ def _check(args) -> int:
 
 
 def _demo(args) -> int:
+    _check_writable(args.out, "--out")
     from .api import diagnose
     from .demos import DEMOS
     from .report import write_report

@@ -55,6 +55,7 @@ class Diagnosis:
     def save(self, directory) -> Path:
         """Write everything atomically: a reader sees the old folder or the complete new one."""
         target = Path(directory)
+        check_replaceable_dir(target, marker="run.json")
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
@@ -118,6 +119,18 @@ def load(directory) -> Diagnosis:
 
 
 # -------------------------------------------------------------------- helpers
+def check_replaceable_dir(target: Path, marker: str) -> None:
+    """Refuse to replace anything but an empty folder or one we wrote (it holds `marker`)."""
+    target = Path(target)
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise DiagkitError(f"{target} exists and is not a folder; choose another output folder")
+    if any(target.iterdir()) and not (target / marker).is_file():
+        raise DiagkitError(f"{target} is a non-empty folder that diagkit did not write "
+                           f"(no {marker}); choose a new or empty folder")
+
+
 def replace_dir(tmp: Path, target: Path) -> None:
     """Swap a fully written folder into place."""
     if target.exists():
@@ -135,7 +148,7 @@ def write_json_atomic(path, payload) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh, indent=2, default=_json_default, allow_nan=False)
+            json.dump(to_jsonable(payload), fh, indent=2, allow_nan=False)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -143,40 +156,30 @@ def write_json_atomic(path, payload) -> None:
 
 
 def _write_json(path: Path, payload) -> None:
-    path.write_text(json.dumps(payload, indent=2, default=_json_default, allow_nan=False))
+    path.write_text(json.dumps(to_jsonable(payload), indent=2, allow_nan=False))
 
 
-def _json_default(obj):
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (np.floating,)):
-        return None if not np.isfinite(obj) else float(obj)
-    if isinstance(obj, (np.bool_,)):
+def to_jsonable(obj):
+    """Strict JSON: NaN and infinities become null, numpy scalars plain numbers."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in obj]
+    if obj is None or obj is pd.NA:
+        return None
+    if isinstance(obj, (bool, np.bool_)):
         return bool(obj)
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if np.isfinite(obj) else None
+    if isinstance(obj, str):
+        return obj
     return str(obj)
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
-    out = []
-    for row in df.to_dict(orient="records"):
-        out.append({k: _clean(v) for k, v in row.items()})
-    return out
-
-
-def _clean(v):
-    if isinstance(v, tuple):
-        return [_clean(x) for x in v]
-    if v is pd.NA or v is None:
-        return None
-    if isinstance(v, (float, np.floating)):
-        return float(v) if np.isfinite(v) else None
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, np.bool_):
-        return bool(v)
-    return v
+    return [to_jsonable(row) for row in df.to_dict(orient="records")]
 
 
 def _to_parquet(df: pd.DataFrame, path: Path) -> None:

@@ -46,7 +46,12 @@ class Recorder:
         # Tensors the foreach fast path can diff; others (integer, bool) are compared one by one.
         self._float_idx = [k for k, t in enumerate(self.tensors) if t.is_floating_point()]
         self._other_idx = [k for k, t in enumerate(self.tensors) if not t.is_floating_point()]
+        # Which tensors each optimizer holds: their .grad is read when that optimizer steps.
+        self._held_by = [[k for k, row in enumerate(inventory.rows)
+                          if any(i == o for o, _ in row["memberships"])]
+                         for i in range(len(optimizers))]
         self._before: list[torch.Tensor] = []
+        self._fresh: dict[int, torch.Tensor] = {}
 
     # ----------------------------------------------------------------- hooks
     def attach(self) -> None:
@@ -54,8 +59,8 @@ class Recorder:
                         for t in self.tensors]
         for k, t in enumerate(self.tensors):
             self._hook_tensor(k, t)
-        for opt in self.optimizers:
-            self._handles.append(opt.register_step_pre_hook(self._on_optimizer_step))
+        for i, opt in enumerate(self.optimizers):
+            self._handles.append(opt.register_step_pre_hook(self._optimizer_hook(i)))
 
     def detach(self) -> None:
         self._active = False
@@ -83,6 +88,12 @@ class Recorder:
         def hook(grad):
             if not self._active:
                 return None
+            if not self._backward_queued:
+                # Measure this backward's gradients when it ends: after every accumulation,
+                # before anything (clipping, unscaling) rewrites .grad in place.
+                self._backward_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+            self._touched.add(k)
             if not self._seen[k]:
                 self._seen[k] = True
                 current = self.tensors[k].grad
@@ -101,17 +112,38 @@ class Recorder:
                 self._used[k] = True
         return hook
 
-    def _on_optimizer_step(self, *_args):
-        if self._active and self._snap is None:
-            self._snapshot()
+    def _on_backward_end(self) -> None:
+        self._backward_queued = False
+        touched, self._touched = sorted(self._touched), set()
+        own = [(k, self._fresh[k] if k in self._fresh else self.tensors[k].grad) for k in touched]
+        own = [(k, g) for k, g in own if g is not None]
+        with torch.no_grad():
+            l2 = _norms([g for _, g in own], 2)
+            mx = _norms([g for _, g in own], _INF)
+        for (k, _), a, b in zip(own, l2, mx):
+            self._fresh_norms[k] = (a, b)
+
+    def _optimizer_hook(self, i: int) -> Callable:
+        def hook(*_args):
+            if self._active:
+                self._snapshot(self._held_by[i])
+        return hook
 
     # ----------------------------------------------------------------- steps
     def begin_step(self) -> None:
-        self._used = [False] * self.n
-        self._seen = [False] * self.n
+        n = self.n
+        self._used = [False] * n
+        self._seen = [False] * n
+        self._snapped = [False] * n
+        self._touched: set[int] = set()
+        self._backward_queued = False
         self._carried: dict[int, torch.Tensor] = {}
-        self._fresh: dict[int, torch.Tensor] = {}
-        self._snap = None
+        self._fresh = {}
+        self._fresh_norms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._requires_grad = np.zeros(n, dtype=bool)
+        self._lr = np.full(n, math.nan)
+        self._device_values: dict[str, list[tuple[int, torch.Tensor]]] = {
+            "grad_l2": [], "grad_max": [], "fresh_l2": [], "fresh_max": []}
         with torch.no_grad():
             self._before_norm = _norms([self.tensors[k] for k in self._float_idx], 2)
             _copy_all(self._before, self.tensors)
@@ -123,8 +155,7 @@ class Recorder:
         self._fresh = {}
 
     def end_step(self, loss=None) -> None:
-        if self._snap is None:
-            self._snapshot()
+        self._snapshot(range(self.n))  # what no optimizer stepped: as it stands now
         self._active = False
         with torch.no_grad():
             f_before = [self._before[k] for k in self._float_idx]
@@ -140,50 +171,51 @@ class Recorder:
         if loss is not None:
             self.losses.append(_as_float(loss))
 
-    def _snapshot(self) -> None:
-        """What the optimizer sees: requires_grad, lr and .grad, at its step (or step end)."""
+    def _snapshot(self, indices) -> None:
+        """What an optimizer sees as it steps: requires_grad, lr and .grad of what it holds."""
+        idx = [k for k in indices if not self._snapped[k]]
+        if not idx:
+            return
+        for k in idx:
+            self._snapped[k] = True
+            t = self.tensors[k]
+            self._requires_grad[k] = t.requires_grad
+            group = self.inv.first_group[k]
+            if group is not None:
+                self._lr[k] = group_lr(self.optimizers[group[0]].param_groups[group[1]])
         with torch.no_grad():
-            grad_idx = [k for k, t in enumerate(self.tensors) if t.grad is not None]
+            grad_idx = [k for k in idx if self.tensors[k].grad is not None]
             grads = [self.tensors[k].grad for k in grad_idx]
-            fresh_idx = list(self._fresh)
-            fresh = [self._fresh[k] for k in fresh_idx]
-            self._snap = {
-                "requires_grad": np.array([t.requires_grad for t in self.tensors], dtype=bool),
-                "lr": np.array([group_lr(self.optimizers[g[0]].param_groups[g[1]]) if g else math.nan
-                                for g in self.inv.first_group], dtype=float),
-                "grad_idx": grad_idx,
-                "grad_l2": _norms(grads, 2),
-                "grad_max": _norms(grads, _INF),
-                "fresh_idx": fresh_idx,
-                "fresh_l2": _norms(fresh, 2),
-                "fresh_max": _norms(fresh, _INF),
-                "carried_idx": list(self._carried),
-                "carried": list(self._carried.values()),
-            }
-        self._fresh = {}
+            values = self._device_values
+            values["grad_l2"] += zip(grad_idx, _norms(grads, 2))
+            values["grad_max"] += zip(grad_idx, _norms(grads, _INF))
+        for k in idx:
+            if k in self._fresh_norms:
+                l2, mx = self._fresh_norms.pop(k)
+                values["fresh_l2"].append((k, l2))
+                values["fresh_max"].append((k, mx))
+            self._fresh.pop(k, None)
 
     def _store(self, delta_l2, delta_max, other_changed) -> None:
-        snap = self._snap
-        parts = [self._before_norm, delta_l2, delta_max, snap["grad_l2"], snap["grad_max"],
-                 snap["fresh_l2"], snap["fresh_max"], snap["carried"], other_changed]
+        keyed = list(self._device_values.items()) + [("carried", list(self._carried.items()))]
+        parts = [self._before_norm, delta_l2, delta_max, other_changed] + [
+            [v for _, v in pairs] for _, pairs in keyed]
         flat = _readback([x for part in parts for x in part])
-        sizes = [len(p) for p in parts]
-        (before_norm, d_l2, d_max, g_l2, g_max, f_l2, f_max, carried_max,
-         other_ch) = np.split(flat, np.cumsum(sizes)[:-1])
+        chunks = np.split(flat, np.cumsum([len(p) for p in parts])[:-1])
+        before_norm, d_l2, d_max, other_ch = chunks[:4]
 
         n = self.n
+        per_tensor = {}
+        for (name, pairs), chunk in zip(keyed, chunks[4:]):
+            column = np.full(n, np.nan)
+            column[[k for k, _ in pairs]] = chunk
+            per_tensor[name] = column
         used = np.array(self._used, dtype=bool)
-        total_l2 = np.full(n, np.nan)
-        total_max = np.full(n, np.nan)
-        total_l2[snap["grad_idx"]] = g_l2
-        total_max[snap["grad_idx"]] = g_max
-        # A step's own gradient is the whole .grad unless it landed on an existing one.
-        grad_l2 = np.where(used, total_l2, np.nan)
-        grad_max = np.where(used, total_max, np.nan)
-        grad_l2[snap["fresh_idx"]] = f_l2
-        grad_max[snap["fresh_idx"]] = f_max
-        carried = np.zeros(n, dtype=bool)
-        carried[snap["carried_idx"]] = carried_max != 0
+        has_fresh = used & ~np.isnan(per_tensor["fresh_l2"])  # NaN here means "none"
+        has_fresh[[k for k, _ in self._device_values["fresh_max"]]] = True
+        has_fresh &= used
+        grad_l2 = np.where(has_fresh, per_tensor["fresh_l2"], np.nan)
+        grad_max = np.where(has_fresh, per_tensor["fresh_max"], np.nan)
 
         delta = np.zeros(n)
         changed = np.zeros(n, dtype=bool)
@@ -194,25 +226,26 @@ class Recorder:
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio[f_idx] = np.where(before_norm > 0, d_l2 / before_norm, np.nan)
         changed[self._other_idx] = other_ch != 0
+        # Non-finite values (a -inf mask, a NaN) make before - after NaN without any change:
+        # decide those few tensors element by element.
+        for j in np.flatnonzero(np.isnan(d_max)):
+            k = f_idx[j]
+            changed[k], delta[k] = _nonfinite_change(self._before[k], self.tensors[k],
+                                                     before_had_nan=bool(np.isnan(before_norm[j])))
 
-        has_fresh = np.zeros(n, dtype=bool)  # NaN in grad_max may be a NaN gradient, not "none"
-        has_fresh[snap["grad_idx"]] = True
-        has_fresh &= used
-        has_fresh[snap["fresh_idx"]] = True
         self._records.append({
-            "requires_grad": snap["requires_grad"],
+            "requires_grad": self._requires_grad,
             "used": used,
             "grad_norm": grad_l2,
             "grad_max": grad_max,
-            "grad_total_norm": total_l2,
-            "carried_grad": carried,
+            "grad_total_norm": per_tensor["grad_l2"],
+            "carried_grad": np.nan_to_num(per_tensor["carried"], nan=0.0) != 0,
             "delta_norm": delta,
             "update_ratio": ratio,
             "changed": changed,
-            "lr": snap["lr"],
+            "lr": self._lr,
             "nonfinite": has_fresh & ~np.isfinite(grad_max),
         })
-        self._snap = None
 
     # ----------------------------------------------------------------- result
     def steps_table(self) -> pd.DataFrame:
@@ -268,6 +301,21 @@ def _copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
     except (RuntimeError, TypeError, NotImplementedError):
         for d, s in zip(dst, src):
             d.copy_(s)
+
+
+def _nonfinite_change(delta: torch.Tensor, after: torch.Tensor,
+                      before_had_nan: bool) -> tuple[bool, float]:
+    """Exact change for a tensor whose `before - after` holds NaN.
+
+    NaN arises from inf - inf of the same sign (unchanged) or from a NaN operand. Without a NaN
+    before the step, a NaN position changed exactly when the value is NaN now. With NaNs on
+    both sides, a position that is NaN both before and after counts as unchanged.
+    """
+    nan = torch.isnan(delta)
+    changed = bool(((delta != 0) & ~nan).any()) or (
+        not before_had_nan and bool((nan & torch.isnan(after)).any()))
+    norm = float(torch.linalg.vector_norm(torch.where(nan, 0.0, delta.float())))
+    return changed, norm
 
 
 def _readback(values: list) -> np.ndarray:

@@ -29,8 +29,11 @@ def build_params(inventory: Inventory, steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def aggregate_steps(steps: pd.DataFrame) -> pd.DataFrame:
-    if steps.empty:
-        return pd.DataFrame(columns=["requires_grad", "lr", "steps"]).rename_axis("name")
+    if steps.empty:  # the first step failed: nothing observed, every count is zero
+        columns = ["requires_grad", "lr", "steps", "rg_steps", "used_steps", "changed_steps",
+                   "carried_steps", "nonfinite_steps", "grad_norm", "grad_total_norm",
+                   "delta_norm", "update_ratio"]
+        return pd.DataFrame(columns=columns, dtype=object).rename_axis("name")
     s = steps.sort_values("step", kind="stable")
     g = s.groupby("name", sort=False)
     used_grad = s["grad_norm"].where(s["used"])
