@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.diagkit-installed
 OUT    ?= out/demo
 
-.PHONY: setup test demo data clean
+.PHONY: setup system test demo data clean
 
 setup: $(STAMP)
 
@@ -16,7 +16,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-test: $(STAMP)
+# The browser tests need a real Chromium: Debian's, never a downloaded one.
+system:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "make: installing Debian's chromium for the browser tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: $(STAMP) system
 	$(PY) -m pytest -q
 
 demo: $(STAMP)

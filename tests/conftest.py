@@ -16,7 +16,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import pandas as pd
+import diagkit
 from diagkit.schema import PARAMS_COLUMNS, STEPS_COLUMNS
 
 N_STEPS = 3
@@ -128,3 +130,19 @@ def verdict_sets(params: pd.DataFrame, steps: pd.DataFrame) -> dict[str, set[str
     verdicts, errors = judge(params, steps)
     assert errors == []
     return {n: set(v) for n, v in zip(params["name"], verdicts)}
+
+
+# --------------------------------------------------------------- the demos, diagnosed once
+@pytest.fixture(scope="session")
+def meta():
+    return diagkit.diagnose(diagkit.load_target("diagkit.demos:meta_memory"))
+
+
+@pytest.fixture(scope="session")
+def finetune():
+    return diagkit.diagnose(diagkit.load_target("diagkit.demos:finetune_heads"))
+
+
+@pytest.fixture(scope="session")
+def clean():
+    return diagkit.diagnose(diagkit.load_target("diagkit.demos:clean"))

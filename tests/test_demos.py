@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 import diagkit
@@ -14,21 +13,6 @@ from diagkit.demos.finetune import CHECKPOINT_NAME, build_pretrain_state
 REPO = Path(__file__).resolve().parents[1]
 MEM = "module.metamodel.model.mem_tokens"
 DEAD_PREFIXES = ("encoder.readout_atom.", "vocab_head.", "cmim_decoder.")
-
-
-@pytest.fixture(scope="module")
-def meta():
-    return diagkit.diagnose(diagkit.load_target("diagkit.demos:meta_memory"))
-
-
-@pytest.fixture(scope="module")
-def finetune():
-    return diagkit.diagnose(diagkit.load_target("diagkit.demos:finetune_heads"))
-
-
-@pytest.fixture(scope="module")
-def clean():
-    return diagkit.diagnose(diagkit.load_target("diagkit.demos:clean"))
 
 
 # ------------------------------------------------------------------ meta_memory (first seed)

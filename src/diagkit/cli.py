@@ -30,9 +30,17 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", metavar="PATH", help="write params, findings and advice as JSON")
     check.add_argument("--save", metavar="DIR", help="save the whole diagnosis (diagkit.load)")
 
-    demo = sub.add_parser("demo", help="diagnose the bundled demos and write an HTML report")
+    report = sub.add_parser("report", help="execute the diagnosis notebook and render HTML")
+    _target_options(report)
+    report.add_argument("--out", metavar="DIR", required=True,
+                        help="folder for report.html, report.ipynb, params.csv, steps.csv, "
+                             "findings.json")
+    report.add_argument("--show-code", action="store_true", help="show the notebook's code")
+
+    demo = sub.add_parser("demo", help="the report on the bundled demo targets")
     demo.add_argument("--out", metavar="DIR", default="out/demo", help="report folder")
     demo.add_argument("--steps", type=_positive_int, default=5, metavar="N")
+    demo.add_argument("--show-code", action="store_true", help="show the notebook's code")
     return parser
 
 
@@ -110,14 +118,20 @@ def _run(argv) -> int:
                            "(see 'diagkit --help')")
     if args.command == "check":
         return _check(args)
+    if args.command == "report":
+        return _report(args)
     return _demo(args)
 
 
-def _diagnose_target(args):
-    """Shared by the commands that run a target: validate everything, then diagnose."""
+def _check_nproc(args) -> None:
     if args.nproc != 1:
         raise DiagkitError(f"--nproc {args.nproc}: distributed runs are not available in this "
                            "version; use --nproc 1")
+
+
+def _diagnose_target(args):
+    """Run a target in this process: validate everything first, then diagnose."""
+    _check_nproc(args)
     for option in ("json", "save"):
         _check_writable(getattr(args, option, None), f"--{option}")
     kwargs = parse_target_args(args.arg)
@@ -159,20 +173,49 @@ def _check(args) -> int:
     return EXIT_FINDINGS if args.fail_on != "never" and diag.fails(args.fail_on) else EXIT_OK
 
 
+def _report(args) -> int:
+    _check_nproc(args)
+    _check_writable(args.out, "--out")
+    kwargs = parse_target_args(args.arg)
+    _precheck_target(args.target, kwargs, args.checkpoint)
+    params = {"target": args.target, "target_args": kwargs, "checkpoint": args.checkpoint or "",
+              "steps": args.steps or 5, "nproc": args.nproc}
+    from .report import write_report
+    result = write_report(args.out, {args.target: params}, show_code=args.show_code,
+                          title=f"diagkit report: {args.target}")
+    return _report_exit(result, args.fail_on)
+
+
 def _demo(args) -> int:
     _check_writable(args.out, "--out")
-    from .api import diagnose
     from .demos import DEMOS
     from .report import write_report
-    from .target import load_target
-    sections = {}
-    for name in DEMOS:
-        print(f"diagkit: diagnosing diagkit.demos:{name} ...", file=sys.stderr)
-        sections[f"diagkit.demos:{name}"] = diagnose(load_target(f"diagkit.demos:{name}"),
-                                                     steps=args.steps)
-    path = write_report(args.out, sections, title="diagkit demo report")
-    print(f"diagkit: demo report written to {path.resolve()}")
+    sections = {f"diagkit.demos:{name}": {"target": f"diagkit.demos:{name}",
+                                          "steps": args.steps} for name in DEMOS}
+    result = write_report(args.out, sections, show_code=args.show_code,
+                          title="diagkit demo report")
+    return _report_exit(result, "never")
+
+
+def _report_exit(result, fail_on: str) -> int:
+    if result.error:
+        print(f"diagkit: error: report incomplete ({result.error}); what ran is in "
+              f"{result.html.resolve()}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"diagkit: report written to {result.html.resolve()}")
+    from .schema import SEVERITY_RANK
+    if fail_on != "never" and result.worst and \
+            SEVERITY_RANK[result.worst] >= SEVERITY_RANK[fail_on]:
+        return EXIT_FINDINGS
     return EXIT_OK
+
+
+def _precheck_target(spec: str, kwargs: dict, checkpoint: str | None) -> None:
+    """Fail in one line before a kernel starts: the target must import and accept its args."""
+    from .target import _check_kwargs, resolve_target
+    _check_kwargs(resolve_target(spec), spec, kwargs)
+    if checkpoint and not Path(checkpoint).is_file():
+        raise DiagkitError(f"no such checkpoint file: {checkpoint}")
 
 
 if __name__ == "__main__":  # pragma: no cover

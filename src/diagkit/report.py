@@ -1,92 +1,163 @@
-"""A self-contained HTML report: inline CSS and images, no script, no network request.
+"""`diagkit report` and `diagkit demo`: execute the workbook with papermill, render offline HTML.
 
-Names of parameters and modules are user data and are always escaped.
+The report is the notebook itself, executed headless (`notebooks/diagnose.ipynb`, the same one a
+user opens in JupyterLab), rendered with a template that loads nothing from the network. All
+files are first written to a scratch folder beside the output folder, then moved in, the HTML
+last: a reader never sees a half-written report that looks complete. If a cell fails or the
+kernel dies, the HTML is still written, showing what ran and the error.
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import io
+import dataclasses
+import json
 import os
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 
-from .findings import human_bytes
-from .plots import grad_norm_figure
+from .errors import DiagkitError
+from .workbook import validate
 
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
-h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em}
-.banner span{display:inline-block;margin:.2em;padding:.3em .6em;border-radius:4px;background:#eee}
-.error{background:#fdd!important}.warning{background:#ffe7b3!important}.info{background:#e3efff!important}
-table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ddd;padding:.25em .5em;text-align:left}
-code{background:#f5f5f5;padding:.1em .3em;white-space:pre-wrap}
-"""
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+NOTEBOOK_NAME = "diagnose.ipynb"
 
 
-def _figure_img(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    data = base64.b64encode(buf.getvalue()).decode("ascii")
-    return f'<img alt="gradient norms" src="data:image/png;base64,{data}">'
+@dataclasses.dataclass
+class ReportResult:
+    html: Path
+    error: str | None  # one line: which cell failed and why, or None
+    worst: str | None  # highest finding severity, when the notebook got that far
 
 
-def render_section(title: str, diag) -> str:
-    esc = html.escape
-    params = diag.params
-    counts: dict[str, list[int]] = {}
-    for verdicts, size in zip(params["verdicts"], params["bytes"]):
-        for v in verdicts:
-            c = counts.setdefault(v, [0, 0])
-            c[0] += 1
-            c[1] += int(size)
-    sev = {f.code: f.severity for f in diag.findings}
-    banner = "".join(
-        f'<span class="{esc(sev.get(v, "ok"))}"><b>{esc(v)}</b> {n} tensors, {human_bytes(b)}</span>'
-        for v, (n, b) in sorted(counts.items(), key=lambda kv: -kv[1][1]))
-    findings = "".join(
-        f'<tr class="{esc(f.severity)}"><td>{esc(f.severity)}</td><td>{esc(f.code)}</td>'
-        f"<td>{esc(f.module)}</td><td>{f.count}</td><td>{human_bytes(f.bytes)}</td>"
-        f"<td>{esc(f.message)}<br><code>{esc(f.fix)}</code></td></tr>" for f in diag.findings)
-    cols = ["name", "verdicts", "requires_grad", "optimizer", "group", "lr", "weight_decay",
-            "used_steps", "changed_steps", "grad_norm", "grad_total_norm", "delta_norm", "bytes"]
-    table = params[cols].assign(verdicts=params["verdicts"].map(", ".join)).to_html(
-        index=False, escape=True, na_rep="", float_format=lambda x: f"{x:.3g}")
-    fup = diag.advice["find_unused_parameters"]
-    sg = diag.advice["static_graph"]
-    advice = (f"<p><b>find_unused_parameters={esc(str(fup['value']))}</b>: {esc(fup['evidence'])}; "
-              f"{esc(fup['recommendation'])}.<br><b>static_graph possible: "
-              f"{esc(str(sg['value']))}</b> ({esc(sg['evidence'])}).</p>")
-    failure = (f"<p class='error'>The training step failed at step {diag.failure.step}: "
-               f"{esc(diag.failure.error)}</p>" if diag.failure else "")
-    return (f"<h2>{esc(title)}</h2><div class='banner'>{banner}</div>{failure}"
-            + (f"<table><tr><th>severity</th><th>verdict</th><th>where</th><th>tensors</th>"
-               f"<th>bytes</th><th>finding and fix</th></tr>{findings}</table>" if findings
-               else "<p>No findings: every tensor is wired correctly.</p>")
-            + advice + _figure_img(grad_norm_figure(diag.steps, params)) + table)
+def notebook_path(name: str = NOTEBOOK_NAME) -> Path:
+    """The workbook shipped in the repository's notebooks/ folder (or $DIAGKIT_NOTEBOOKS)."""
+    folder = Path(os.environ.get("DIAGKIT_NOTEBOOKS")
+                  or Path(__file__).resolve().parents[2] / "notebooks")
+    path = folder / name
+    if not path.is_file():
+        raise DiagkitError(f"notebook {path} not found: install diagkit from its repository "
+                           "(pip install -e .) or set DIAGKIT_NOTEBOOKS to its notebooks folder")
+    return path
 
 
-def render_report(sections: dict, title: str = "diagkit report") -> str:
-    body = "".join(render_section(name, diag) for name, diag in sections.items())
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'>"
-            f"<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
-            f"img-src data:; style-src 'unsafe-inline'\">"
-            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>"
-            f"<body><h1>{html.escape(title)}</h1>{body}</body></html>")
+def write_report(out, sections: dict[str, dict], show_code: bool = False,
+                 title: str = "diagkit report") -> ReportResult:
+    """Execute the workbook once per section (name -> notebook parameters) into one report.
 
+    One section writes its data files at the top of `out`; several write them in a subfolder
+    per section, and the report shows the sections one after another.
+    """
+    import nbformat
 
-def write_report(directory, sections: dict, title: str = "diagkit report") -> Path:
-    """Write DIR/report.html atomically: never a half-written file that looks complete."""
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / "report.html"
-    fd, tmp = tempfile.mkstemp(prefix=".report.", suffix=".html", dir=out)
+    checked = {name: validate(params) for name, params in sections.items()}
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DiagkitError(f"{out} exists and is not a folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(render_report(sections, title))
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+        notebooks, errors, worst = [], [], []
+        for name, params in checked.items():
+            data_dir = scratch if len(checked) == 1 else scratch / _slug(name)
+            nb, error = _execute(params, data_dir, scratch / f".{_slug(name)}.ipynb")
+            notebooks.append((name, nb))
+            if error:
+                errors.append(f"{name}: {error}" if len(checked) > 1 else error)
+            worst.append(_worst(data_dir))
+        merged = _merge(notebooks, title) if len(notebooks) > 1 else notebooks[0][1]
+        merged.metadata["title"] = title
+        nbformat.write(merged, scratch / "report.ipynb")
+        (scratch / "report.html").write_text(_to_html(merged, show_code), encoding="utf-8")
+        for leftover in scratch.glob(".*.ipynb"):
+            leftover.unlink()
+        _move_into(scratch, out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    severities = [w for w in worst if w]
+    rank = {"info": 1, "warning": 2, "error": 3}
+    return ReportResult(html=out / "report.html", error="; ".join(errors) or None,
+                        worst=max(severities, key=rank.__getitem__) if severities else None)
+
+
+def _execute(params: dict, data_dir: Path, output: Path):
+    """Run the workbook with papermill; return the executed notebook and the failure, if any."""
+    import nbformat
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    parameters = {**params, "out_dir": str(data_dir), "interactive": False}
+    error = None
+    try:
+        papermill.execute_notebook(
+            str(notebook_path()), str(output), parameters=parameters, kernel_name="python3",
+            progress_bar={"file": sys.stderr, "desc": f"diagkit report {params['target']}"},
+            cwd=os.getcwd(), request_save_on_cell_execute=False,
+            extra_arguments=["--IPKernelApp.log_level=ERROR"])  # no kernel chatter on stderr
+    except PapermillExecutionError as exc:
+        error = f"cell {exc.exec_count} failed: {exc.ename}: {_one_line(exc.evalue)}"
+    except Exception as exc:  # the kernel died or could not start: still render what ran
+        error = f"the notebook did not finish: {type(exc).__name__}: {_one_line(str(exc))}"
+    if output.is_file():
+        nb = nbformat.read(output, as_version=4)
+    else:
+        nb = nbformat.read(notebook_path(), as_version=4)
+    if error:
+        nb.cells.insert(0, nbformat.v4.new_markdown_cell(
+            f"**This report is incomplete.** {_md_escape(error)}"))
+    return nb, error
+
+
+def _to_html(nb, show_code: bool) -> str:
+    from nbconvert import HTMLExporter
+    exporter = HTMLExporter(template_name="diagkit", extra_template_basedirs=[str(TEMPLATES)],
+                            exclude_input=not show_code, exclude_input_prompt=not show_code,
+                            exclude_output_prompt=True, embed_images=True)
+    body, _ = exporter.from_notebook_node(nb)
+    return body
+
+
+def _merge(notebooks, title: str):
+    import nbformat
+    merged = nbformat.v4.new_notebook(metadata=notebooks[0][1].metadata)
+    merged.cells.append(nbformat.v4.new_markdown_cell(
+        f"# {_md_escape(title)}\n\n" + "\n".join(f"- {_md_escape(name)}" for name, _ in notebooks)))
+    for name, nb in notebooks:
+        merged.cells.append(nbformat.v4.new_markdown_cell(f"# {_md_escape(name)}"))
+        merged.cells.extend(c for c in nb.cells if c.cell_type != "markdown"
+                            or not c.source.startswith("# diagkit:"))
+    return merged
+
+
+def _move_into(scratch: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    entries = sorted(scratch.iterdir(), key=lambda p: p.name == "report.html")  # HTML last
+    for entry in entries:
+        target = out / entry.name
+        if entry.is_dir():
+            if target.exists():
+                shutil.rmtree(target)
+        os.replace(entry, target)
+
+
+def _worst(data_dir: Path) -> str | None:
+    findings = data_dir / "findings.json"
+    if not findings.is_file():
+        return None
+    return json.loads(findings.read_text()).get("worst")
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name.split(":")[-1])
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())[:300]
+
+
+def _md_escape(text: str) -> str:
+    """Markdown cells render HTML: names in them are user data."""
+    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("`", "\\`"))

@@ -1,0 +1,128 @@
+"""The notebook's side of the contract: its parameters, their checks, and the calls its cells make.
+
+The same `notebooks/diagnose.ipynb` runs in JupyterLab, headless under papermill, and behind
+`diagkit report`. Its `parameters` cell holds exactly the names of `PARAMETERS` (a test keeps
+them in step); papermill only warns about a parameter the notebook does not declare, so
+`check_parameters` turns that into an error, naming the known ones.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+from pathlib import Path
+
+from .errors import DiagkitError
+
+# name -> (accepted types, default, what it means). The notebook's parameters cell mirrors this.
+PARAMETERS: dict[str, tuple[tuple[type, ...], object, str]] = {
+    "target": ((str,), "diagkit.demos:meta_memory",
+               '"package.module:function" or "path/to/file.py:function"'),
+    "target_args": ((dict,), {}, "keyword arguments for the target function"),
+    "checkpoint": ((str, type(None)), "", "checkpoint to load into the model first (\"\": none)"),
+    "steps": ((int,), 5, "training steps to observe"),
+    "nproc": ((int,), 1, "processes of a torch.distributed job (1: this process)"),
+    "out_dir": ((str, type(None)), "", "folder for params.csv, steps.csv, findings.json "
+                                       "(\"\": none)"),
+    "interactive": ((bool,), True, "show the ipywidgets explorer (False in rendered reports)"),
+}
+
+_INJECTED_HEADER = "# Parameters"  # papermill's injected cell starts with this comment
+
+
+def validate(values: dict) -> dict:
+    """Check names and types; return the full set of parameters with defaults filled in."""
+    unknown = sorted(set(values) - set(PARAMETERS))
+    if unknown:
+        raise DiagkitError(f"unknown notebook parameter(s) {', '.join(map(repr, unknown))}; "
+                           f"known: {', '.join(PARAMETERS)}")
+    out = {}
+    for name, (types, default, _) in PARAMETERS.items():
+        value = values.get(name, default)
+        if isinstance(value, bool) and bool not in types:
+            ok = False
+        else:
+            ok = isinstance(value, types)
+        if not ok:
+            expected = " or ".join("None" if t is type(None) else t.__name__ for t in types)
+            raise DiagkitError(f"notebook parameter {name!r} must be {expected}, "
+                               f"got {type(value).__name__} {value!r}")
+        out[name] = value
+    if out["steps"] < 1:
+        raise DiagkitError(f"notebook parameter 'steps' must be >= 1, got {out['steps']}")
+    if out["nproc"] != 1:
+        raise DiagkitError(f"nproc={out['nproc']}: distributed runs are not available in this "
+                           "version; use nproc=1")
+    return out
+
+
+def check_parameters(namespace: dict) -> dict:
+    """Called by the notebook right after its parameters: reject names papermill injected but
+    the notebook does not declare, and wrong types, before any work starts."""
+    injected: dict = {}
+    for source in namespace.get("In", []) or []:
+        if isinstance(source, str) and source.startswith(_INJECTED_HEADER):
+            injected.update(_assigned_names(source))
+    unknown = sorted(set(injected) - set(PARAMETERS))
+    if unknown:
+        raise DiagkitError(f"unknown notebook parameter(s) {', '.join(map(repr, unknown))}; "
+                           f"known: {', '.join(PARAMETERS)}")
+    return validate({name: namespace[name] for name in PARAMETERS if name in namespace})
+
+
+def _assigned_names(source: str) -> dict:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    return {t.id: None for node in tree.body if isinstance(node, ast.Assign)
+            for t in node.targets if isinstance(t, ast.Name)}
+
+
+def run(settings: dict):
+    """Load the target (and checkpoint) and diagnose it: what the notebook's run cell does."""
+    from .api import diagnose
+    from .target import load_target
+    setup = load_target(settings["target"], **settings["target_args"])
+    if settings["checkpoint"]:
+        from .checkpoint import load_checkpoint
+        load_checkpoint(setup.model, settings["checkpoint"])
+    return diagnose(setup, steps=settings["steps"])
+
+
+def show(fig):
+    """Display a matplotlib Figure as an embedded PNG (no pyplot, no GUI backend)."""
+    from IPython.display import Image
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return Image(data=buf.getvalue(), format="png")
+
+
+def write_outputs(diag, out_dir: str | None) -> list[str]:
+    """The report's data files. The caller (diagkit report) makes the folder atomic."""
+    if not out_dir:
+        return []
+    from .diagnosis import write_json_atomic
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    params = diag.params.copy()
+    for col in ("aliases", "shape", "verdicts"):
+        params[col] = params[col].map(lambda t: " ".join(map(str, t)))
+    params["memberships"] = params["memberships"].map(
+        lambda pairs: " ".join(f"{a}.{b}" for a, b in pairs))
+    params.to_csv(folder / "params.csv", index=False)
+    diag.steps.to_csv(folder / "steps.csv", index=False)
+    write_json_atomic(folder / "findings.json", {
+        "findings": [f.to_dict() for f in diag.findings], "advice": diag.advice,
+        "failure": None if diag.failure is None else {
+            "step": diag.failure.step, "error": diag.failure.error},
+        "worst": diag.worst(), "meta": diag.meta})
+    return ["params.csv", "steps.csv", "findings.json"]
+
+
+def explorer(diag, enabled: bool = True):
+    """The interactive explorer, or nothing in a rendered report (widgets need a live kernel)."""
+    if not enabled:
+        return None
+    from .explorer import explore
+    return explore(diag)

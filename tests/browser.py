@@ -1,0 +1,87 @@
+"""Open a page in a real headless Chromium and record every network request it makes.
+
+Chromium is pointed at a proxy of ours on the loopback interface (`--proxy-bypass-list=<-loopback>`
+sends even loopback traffic through it), so any request the page makes, to any host, is seen
+and refused here; nothing leaves the machine. `--dump-dom` gives the DOM after load.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socketserver
+import subprocess
+import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--disable-extensions",
+                  "--disable-default-apps", "--mute-audio"]
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    seen: list[str]
+
+    def _refuse(self):
+        self.seen.append(f"{self.command} {self.path}")
+        self.send_response(403)
+        self.end_headers()
+
+    do_GET = do_POST = do_HEAD = do_CONNECT = do_OPTIONS = _refuse
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+def _host(request: str) -> str:
+    target = request.split(" ", 1)[1]
+    return target.split("//", 1)[-1].split("/", 1)[0].split(":", 1)[0]
+
+
+_BROWSER_HOSTS: set[str] | None = None
+
+
+def browser_own_hosts() -> set[str]:
+    """Hosts Chromium itself calls (component updater, clock, accounts) even for about:blank."""
+    global _BROWSER_HOSTS
+    if _BROWSER_HOSTS is None:
+        _BROWSER_HOSTS = {_host(r) for r in _load("about:blank")[1]}
+    return _BROWSER_HOSTS
+
+
+def open_page(url: str, *, screenshot: str | None = None,
+              timeout: float = 60) -> tuple[str, list[str]]:
+    """Load `url`; return (DOM after load, requests the page made).
+
+    Requests to the hosts Chromium contacts for itself on a blank page are not the page's and
+    are left out; every other request, to any host, is the page's.
+    """
+    own = browser_own_hosts()
+    dom, seen = _load(url, screenshot=screenshot, timeout=timeout)
+    return dom, [r for r in seen if _host(r) not in own]
+
+
+def _load(url: str, *, screenshot: str | None = None,
+          timeout: float = 60) -> tuple[str, list[str]]:
+    seen: list[str] = []
+    handler = type("Handler", (_Recorder,), {"seen": seen})
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler) as proxy:
+        thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+        thread.start()
+        port = proxy.server_address[1]
+        with tempfile.TemporaryDirectory() as profile:
+            cmd = [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+                   f"--proxy-server=http://127.0.0.1:{port}", "--proxy-bypass-list=<-loopback>",
+                   "--virtual-time-budget=5000", "--window-size=1300,1600"]
+            if screenshot:
+                subprocess.run([*cmd, f"--screenshot={screenshot}", url], capture_output=True,
+                               timeout=timeout, check=False)
+            done = subprocess.run([*cmd, "--dump-dom", url], capture_output=True, text=True,
+                                  timeout=timeout, check=False)
+        proxy.shutdown()
+    return done.stdout, seen

@@ -1,0 +1,330 @@
+"""Figures of the presenting layer: on the demos, on empty runs, on hostile names, at scale.
+
+Also the shared test data of the presenting layer (test_tables imports it): the demo diagnoses,
+computed once per session, and a synthetic pair of tables of 2,000 tensors × 200 steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from matplotlib.text import Annotation
+from torch import nn
+
+import diagkit
+from diagkit import plots
+from diagkit.schema import PARAMS_COLUMNS, STEPS_COLUMNS
+
+MEM = "module.metamodel.model.mem_tokens"
+HOSTILE = "<script>alert(1)</script>"
+
+
+# ------------------------------------------------------------------ shared data
+@functools.cache
+def demo(name: str):
+    return diagkit.diagnose(diagkit.load_target(f"diagkit.demos:{name}"))
+
+
+@functools.cache
+def failing_run(at: int = 0):
+    """A real diagnosis whose step `at` raised (at=0: params, and no steps at all)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(i):
+        if i == at:
+            raise RuntimeError("boom <b>bad</b>")
+        optimizer.zero_grad()
+        model(torch.randn(3, 2)).pow(2).mean().backward()
+        optimizer.step()
+
+    return diagkit.diagnose(model, optimizer, train_step=step, steps=5)
+
+
+@functools.cache
+def hostile_diag():
+    """A real model with a module named like a script, unused, so it is in every output."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 2))
+    model.add_module(HOSTILE, nn.Linear(2, 2))  # torch allows any name without a dot
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return diagkit.diagnose(model, optimizer, batch_fn=lambda: torch.randn(3, 4),
+                            loss_fn=lambda m, x: m[0](x).pow(2).mean(), steps=3)
+
+
+ORPHANS = (0, 1, 2)
+UNUSED = tuple(range(100, 110))
+STALLED = tuple(range(200, 205))
+
+
+@functools.cache
+def synthetic(n_tensors: int = 2000, n_steps: int = 200, n_top: int = 25):
+    """(params, steps) with every documented column: 3 orphans whose .grad rises, 10 unused,
+    5 stalled, spread over `n_top` top-level modules; the rest ok."""
+    rng = np.random.default_rng(0)
+    idx = np.arange(n_tensors)
+    names = np.array([f"m{i % n_top}.block{i // n_top}.{'bias' if i % 2 else 'weight'}"
+                      for i in idx], dtype=object)
+    modules = np.array([n.rpartition(".")[0] for n in names], dtype=object)
+    held = ~np.isin(idx, ORPHANS)
+    used = ~np.isin(idx, UNUSED)
+    changes = held & used & ~np.isin(idx, STALLED)
+
+    grad = rng.lognormal(-3, 1, size=(n_steps, n_tensors))
+    grad[:, ~used] = np.nan
+    total = grad.copy()
+    total[:, list(ORPHANS)] = np.cumsum(grad[:, list(ORPHANS)], axis=0)
+    ratio = np.where(changes, rng.lognormal(-7, 0.5, size=(n_steps, n_tensors)), 0.0)
+    ratio[:, 300] = np.nan  # a tensor whose value norm is 0: no ratio
+    carried = np.zeros((n_steps, n_tensors), dtype=bool)
+    carried[1:, list(ORPHANS)] = True
+    flat = {
+        "step": np.repeat(np.arange(n_steps), n_tensors),
+        "name": np.tile(names, n_steps),
+        "requires_grad": True,
+        "used": np.tile(used, n_steps),
+        "grad_norm": grad.ravel(),
+        "grad_max": (grad / 3).ravel(),
+        "grad_total_norm": total.ravel(),
+        "carried_grad": carried.ravel(),
+        "delta_norm": (ratio * 10).ravel(),
+        "update_ratio": ratio.ravel(),
+        "changed": np.tile(changes, n_steps),
+        "lr": np.tile(np.where(held, 1e-3, np.nan), n_steps),
+        "nonfinite": False,
+    }
+    steps = pd.DataFrame(flat, columns=list(STEPS_COLUMNS))
+
+    verdicts = [("ok",)] * n_tensors
+    for i in ORPHANS:
+        verdicts[i] = ("orphan", "grad_not_cleared")
+    for i in UNUSED:
+        verdicts[i] = ("unused",)
+    for i in STALLED:
+        verdicts[i] = ("stalled",)
+    numel = rng.integers(16, 1 << 20, size=n_tensors)
+    params = pd.DataFrame({
+        "name": names,
+        "aliases": [()] * n_tensors,
+        "module": modules,
+        "module_type": np.where(idx % 7 == 0, "LayerNorm", "Linear"),
+        "shape": [(int(n),) for n in numel],
+        "numel": numel,
+        "bytes": numel * 4,
+        "dtype": "torch.float32",
+        "device": "cpu",
+        "in_model": True,
+        "requires_grad": True,
+        "optimizer": pd.array(np.zeros(n_tensors, dtype=int), dtype="Int64"),
+        "group": pd.array(idx % 2, dtype="Int64"),
+        "memberships": [((0, int(i % 2)),) if h else () for i, h in zip(idx, held)],
+        "n_optimizers": held.astype(int),
+        "lr": np.where(held, 1e-3, np.nan),
+        "weight_decay": np.where(held, 0.01, np.nan),
+        "steps": n_steps,
+        "rg_steps": n_steps,
+        "used_steps": np.where(used, n_steps, 0),
+        "changed_steps": np.where(changes, n_steps, 0),
+        "carried_steps": np.where(np.isin(idx, ORPHANS), n_steps - 1, 0),
+        "nonfinite_steps": 0,
+        "grad_norm": grad[-1],
+        "grad_total_norm": total[-1],
+        "delta_norm": (ratio * 10).mean(axis=0),
+        "update_ratio": ratio.mean(axis=0),
+        "verdicts": verdicts,
+    }, columns=list(PARAMS_COLUMNS))
+    params.loc[~held, ["optimizer", "group"]] = pd.NA
+    return params, steps
+
+
+def render(fig) -> None:
+    """Draw the figure, as saving it into a report does, turning every warning into an error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig.savefig(io.BytesIO(), format="png", dpi=50)
+
+
+def named_lines(ax) -> list[str]:
+    return [ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+
+
+def texts(fig) -> str:
+    ax = fig.axes[0]
+    return "\n".join([t.get_text() for t in ax.texts] + [ax.get_title()])
+
+
+# ------------------------------------------------------------------ gradient norms
+def test_orphan_is_labelled_annotated_and_rising():
+    d = demo("meta_memory")
+    fig = plots.grad_norm_figure(d.steps, d.params)
+    render(fig)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    labels = named_lines(ax)
+    mem = [ln for ln in ax.get_lines() if ln.get_label().startswith(MEM)]
+    assert len(mem) == 1 and "orphan" in mem[0].get_label()
+    assert np.all(np.diff(mem[0].get_ydata()) > 0)  # the .grad the optimizer sees keeps rising
+    notes = [a.get_text() for a in ax.texts if isinstance(a, Annotation)]
+    assert any("mem_tokens" in t and "orphan" in t and "never cleared" in t for t in notes)
+    # the eight trained tensors are the grey median/band, not eight more named lines
+    assert sum("other tensors" in lb for lb in labels) == 1
+    assert len(labels) == 2
+
+
+@pytest.mark.parametrize("name", ["meta_memory", "finetune_heads", "clean"])
+@pytest.mark.parametrize("figure", ["grad_norm_figure", "update_ratio_figure"])
+def test_step_figures_on_demos(name, figure):
+    d = demo(name)
+    fig = getattr(plots, figure)(d.steps, d.params, top=3)
+    render(fig)
+    ax = fig.axes[0]
+    assert ax.get_title() and ax.get_xlabel() == "step" and ax.get_ylabel()
+    assert ax.get_yscale() == "log"
+    assert 6 <= fig.get_figwidth() <= 12 and 3 <= fig.get_figheight() <= 8
+    solid = [lb for lb in named_lines(ax) if "other tensor" not in lb and not lb.startswith("0:")]
+    assert 1 <= len(solid) <= 3
+    for line in ax.get_lines():  # nothing non-positive reaches the log axis
+        y = np.asarray(line.get_ydata(), dtype=float)
+        assert not (y[np.isfinite(y)] <= 0).any()
+
+
+def test_unused_tensors_are_counted_not_drawn():
+    d = demo("finetune_heads")
+    fig = plots.grad_norm_figure(d.steps, d.params)
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any("8 flagged tensors without gradient" in t and "unused: 8" in t for t in legend)
+    assert not any("cmim_decoder" in t for t in legend)
+
+
+def test_update_ratio_puts_never_changing_tensors_on_a_floor():
+    d = demo("meta_memory")
+    fig = plots.update_ratio_figure(d.steps, d.params)
+    render(fig)
+    ax = fig.axes[0]
+    mem = next(ln for ln in ax.get_lines() if ln.get_label().startswith(MEM))
+    floor = next(ln for ln in ax.get_lines() if ln.get_label().startswith("0: no change"))
+    y = np.asarray(mem.get_ydata(), dtype=float)
+    assert np.all(y == floor.get_ydata()[0]) and y[0] > 0
+    trained = d.params.loc[d.params["update_ratio"] > 0, "update_ratio"]
+    assert y[0] < trained.min() and ax.get_ylim()[0] > 0
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "3 tensors without a ratio (value norm 0)" in legend  # the frozen LayerNorm biases
+    assert "8 other tensors never changed (ratio 0)" in legend
+
+
+# ------------------------------------------------------------------ wiring matrix
+def test_wiring_matrix_flagged_rows_first():
+    d = demo("finetune_heads")
+    fig = plots.wiring_matrix_figure(d.params)
+    render(fig)
+    ax = fig.axes[0]
+    rows = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(rows) == len(d.params)
+    dead = ("vocab_head.", "encoder.readout_atom.", "cmim_decoder.")
+    assert all(r.startswith(dead) for r in rows[:8])
+    assert not any(r.startswith(dead) for r in rows[8:])
+    assert rows[0] == "vocab_head.weight"  # the largest of them
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(plots.MATRIX_COLUMNS)
+    cells = [t.get_text() for t in ax.texts]
+    assert cells[:4] == ["yes", "yes", "0/5", "0/5"]
+    assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+
+
+def test_wiring_matrix_aggregates_past_max_rows():
+    d = demo("finetune_heads")
+    fig = plots.wiring_matrix_figure(d.params, max_rows=5)
+    render(fig)
+    rows = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert len(rows) == 5 + 3  # five flagged tensors, then encoder, ffn_head, cmim_decoder
+    assert "encoder (12 tensors)" in rows[5:] and "ffn_head (4 tensors)" in rows[5:]
+    assert sum(int(r.rsplit("(", 1)[1].split()[0]) for r in rows[5:]) == len(d.params) - 5
+    cells = [t.get_text() for t in fig.axes[0].texts]
+    assert "92%" in cells  # 11 of encoder's 12 remaining tensors are used
+
+
+def test_wiring_matrix_truncates_long_names_from_the_left():
+    d = demo("meta_memory")
+    fig = plots.wiring_matrix_figure(d.params)
+    rows = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert rows[0] == MEM
+    long = [r for r in rows if r.startswith("…")]
+    assert long and all(len(r) == plots.LABEL_WIDTH for r in long)
+    assert "…dule.metamodel.model.layers.0.norm.weight" in rows
+
+
+# ------------------------------------------------------------------ empty, hostile, large
+def test_no_step_completed_says_no_data():
+    d = failing_run(0)
+    assert d.steps.empty and d.failure is not None
+    for figure in (plots.grad_norm_figure, plots.update_ratio_figure):
+        fig = figure(d.steps, d.params)
+        render(fig)
+        assert "no data" in texts(fig)
+        assert fig.axes[0].get_xlabel() == "step"
+    fig = plots.wiring_matrix_figure(d.params)
+    render(fig)
+    assert "no step completed" in fig.axes[0].get_title()
+    assert [t.get_text() for t in fig.axes[0].texts][:4] == ["yes", "yes", "n/a", "n/a"]
+    # an empty table of parameters, too
+    fig = plots.wiring_matrix_figure(d.params.iloc[:0])
+    render(fig)
+    assert "no data" in texts(fig)
+    fig = plots.grad_norm_figure(d.steps.iloc[:0], d.params.iloc[:0])
+    assert "no data" in texts(fig)
+
+
+def test_steps_before_a_failure_are_drawn():
+    d = failing_run(2)
+    fig = plots.grad_norm_figure(d.steps, d.params)
+    render(fig)
+    lines = [ln for ln in fig.axes[0].get_lines() if not ln.get_label().startswith("_")]
+    assert lines and all(list(ln.get_xdata()) == [0, 1] for ln in lines)
+
+
+def test_hostile_names_draw_as_text():
+    d = hostile_diag()
+    params, steps = d.params.copy(), d.steps.copy()
+    rename = {n: n.replace("0.", "$\\frac{a$_") for n in params["name"] if n.startswith("0.")}
+    params["name"] = params["name"].replace(rename)
+    steps["name"] = steps["name"].replace(rename)
+    for fig in (plots.grad_norm_figure(steps, params), plots.update_ratio_figure(steps, params),
+                plots.wiring_matrix_figure(params)):
+        render(fig)  # an unbalanced `$` in a name would break mathtext if it were parsed
+    rows = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert f"{HOSTILE}.weight" in rows
+
+
+def test_large_run_stays_bounded():
+    params, steps = synthetic()
+    top = 8
+    fig = plots.grad_norm_figure(steps, params, top=top)
+    ax = fig.axes[0]
+    labels = named_lines(ax)
+    assert len(ax.get_lines()) <= 2 * top + 1  # solid + dashed per named tensor, one median
+    assert len(labels) <= top + 1
+    for i in plots_orphans(params):
+        assert any(lb.startswith(i) for lb in labels)
+    assert any("of 1982 other tensors" in lb for lb in labels)  # 2000 - 18 flagged
+    render(fig)
+
+    fig = plots.update_ratio_figure(steps, params, top=top)
+    assert len(fig.axes[0].get_lines()) <= top + 2
+    render(fig)
+
+    fig = plots.wiring_matrix_figure(params, max_rows=40)
+    rows = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert len(rows) <= 40 + plots.MAX_GROUPS
+    assert sum(not r.endswith("tensors)") for r in rows) == 18  # every flagged tensor
+    assert any(r.startswith("(other modules)") for r in rows)
+    render(fig)
+
+
+def plots_orphans(params) -> list[str]:
+    return [params["name"].iloc[i] for i in ORPHANS]

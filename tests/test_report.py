@@ -1,0 +1,147 @@
+"""`diagkit report` / `diagkit demo` end to end: papermill, offline HTML, a real Chromium."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from browser import chromium, open_page
+
+DIAGKIT = str(Path(sys.executable).parent / "diagkit")
+needs_chromium = pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
+                                    "(make test installs it)")
+
+HOSTILE = '''
+import torch
+from torch import nn
+
+def build():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3))
+    model.add_module("<script>alert(1)</script>", nn.Linear(3, 3))  # unused: gets a finding
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return {"model": model, "optimizer": opt,
+            "batch_fn": lambda: torch.ones(2, 3),
+            "loss_fn": lambda m, b: m[0](b).sum()}
+
+def broken():
+    raise ValueError("the builder broke")
+'''
+
+
+def diagkit(*args, cwd=None):
+    return subprocess.run([DIAGKIT, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "report"
+    run = diagkit("demo", "--out", str(out), "--steps", "3")
+    assert run.returncode == 0, run.stderr
+    return out, run
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hostile")
+    (folder / "hostile.py").write_text(HOSTILE)
+    out = folder / "report"
+    run = diagkit("report", f"{folder / 'hostile.py'}:build", "--out", str(out), "--steps", "2",
+                  "--fail-on", "never", cwd=folder)
+    assert run.returncode == 0, run.stderr
+    return out
+
+
+def test_demo_writes_one_report_and_says_where(demo):
+    out, run = demo
+    assert str((out / "report.html").resolve()) in run.stdout
+    assert {"report.html", "report.ipynb"} <= {p.name for p in out.iterdir()}
+    for name in ("meta_memory", "finetune_heads", "clean"):
+        assert {"params.csv", "steps.csv", "findings.json"} <= {p.name for p in (out / name).iterdir()}
+    assert "diagkit report diagkit.demos:meta_memory" in run.stderr  # progress was shown
+    assert not list(out.parent.glob(".report.tmp-*"))  # scratch folders cleaned up
+
+
+def test_report_html_is_self_contained(demo):
+    html = (demo[0] / "report.html").read_text()
+    assert html.lstrip().lower().startswith("<!doctype html>")
+    for name in ("module.metamodel.model.mem_tokens", "encoder.readout_atom.weight",
+                 "cmim_decoder.0.weight", "hidden.weight", "diagkit.demos:finetune_heads"):
+        assert name in html
+    assert "<script" not in html.lower()
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", html, re.I)
+    assert not re.search(r"url\(\s*['\"]?(https?:)?//", html, re.I)
+    assert "@import" not in html
+    assert "hl-ipython3" not in html  # code hidden by default
+
+
+def test_report_command_exit_codes_and_files(tmp_path):
+    run = diagkit("report", "diagkit.demos:meta_memory", "--out", str(tmp_path / "m"),
+                  "--steps", "2")
+    assert run.returncode == 1, run.stderr  # an orphan is an error finding
+    names = {p.name for p in (tmp_path / "m").iterdir()}
+    assert {"report.html", "report.ipynb", "params.csv", "steps.csv", "findings.json"} <= names
+    findings = json.loads((tmp_path / "m" / "findings.json").read_text())
+    assert findings["worst"] == "error"
+    assert any(f["code"] == "orphan" for f in findings["findings"])
+    run = diagkit("report", "diagkit.demos:clean", "--out", str(tmp_path / "c"), "--steps", "2",
+                  "--show-code")
+    assert run.returncode == 0, run.stderr
+    html = (tmp_path / "c" / "report.html").read_text()
+    assert "hl-ipython3" in html and "check_parameters" in html
+
+
+def test_a_failing_cell_still_writes_the_report_and_fails(tmp_path):
+    (tmp_path / "hostile.py").write_text(HOSTILE)
+    out = tmp_path / "r"
+    run = diagkit("report", f"{tmp_path / 'hostile.py'}:broken", "--out", str(out), cwd=tmp_path)
+    assert run.returncode == 2
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("diagkit: error: report incomplete") and "the builder broke" in last
+    html = (out / "report.html").read_text()
+    assert "This report is incomplete" in html and "the builder broke" in html
+
+
+@pytest.mark.parametrize("args, words", [
+    (["report", "no.such.module:f", "--out", "OUT"], ["no module named 'no.such.module'"]),
+    (["report", "diagkit.demos:clean", "--out", "OUT", "--arg", "bogus=1"], ["bogus"]),
+    (["report", "diagkit.demos:clean"], ["--out"]),
+    (["report", "diagkit.demos:clean", "--out", "OUT", "--checkpoint", "missing.pt"],
+     ["missing.pt"]),
+])
+def test_report_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, words):
+    args = [a.replace("OUT", str(tmp_path / "out")) for a in args]
+    run = diagkit(*args, cwd=tmp_path)
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("diagkit: error:"), run.stderr
+    for word in words:
+        assert word in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+@needs_chromium
+def test_demo_report_in_chromium(demo, tmp_path):
+    shot = tmp_path / "demo.png"
+    dom, requests = open_page((demo[0] / "report.html").resolve().as_uri(), screenshot=str(shot))
+    assert requests == []  # the page made no network request at all
+    assert shot.stat().st_size > 10_000
+    # The banner, the findings with the orphan and the dead weight, the figures, the table.
+    assert "orphan" in dom and "mem_tokens" in dom and "grad_not_cleared" in dom
+    assert "cmim_decoder" in dom and "unused" in dom
+    assert "find_unused_parameters" in dom
+    assert dom.count("<img") >= 9  # three figures for each of the three demos
+    assert dom.count("<table") >= 6
+
+
+@needs_chromium
+def test_hostile_names_are_escaped_in_chromium(hostile):
+    html = (hostile / "report.html").read_text()
+    assert "<script>alert(1)</script>" not in html
+    dom, requests = open_page((hostile / "report.html").resolve().as_uri())
+    assert requests == []
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom  # shown as text, escaped
+    assert "<script>alert" not in dom

@@ -1,0 +1,203 @@
+"""HTML and tables of the presenting layer: on the demos, escaped, bounded at scale."""
+
+from __future__ import annotations
+
+import html
+import re
+import types
+
+import pytest
+
+from diagkit import tables
+from diagkit.findings import Finding, human_bytes
+from test_plots import HOSTILE, MEM, demo, failing_run, hostile_diag, synthetic
+
+DEMOS = ["meta_memory", "finetune_heads", "clean"]
+CMIM = ["cmim_decoder.0.weight", "cmim_decoder.0.bias", "cmim_decoder.2.weight",
+        "cmim_decoder.2.bias"]
+
+
+def chips(banner: str) -> list[str]:
+    """The verdict names in the banner, in order."""
+    return re.findall(r"<b>([^<]+)</b> \d+ tensors?", banner)
+
+
+# ------------------------------------------------------------------ banner
+def test_banner_names_the_orphan_worst_first():
+    d = demo("meta_memory")
+    banner = tables.verdict_banner(d)
+    assert chips(banner) == ["orphan", "grad_not_cleared", "ok"]  # error, warning, ok
+    assert "<b>orphan</b> 1 tensor, 512 B" in banner
+    assert tables.SEVERITY_COLORS["error"][0] in banner.split("orphan")[0].rsplit("<span", 1)[1]
+    total = human_bytes(int(d.params["bytes"].sum()))
+    assert f"20 tensors, {total}, 5 steps observed" in banner
+    assert "failed" not in banner
+
+
+def test_banner_on_the_other_demos():
+    banner = tables.verdict_banner(demo("finetune_heads"))
+    assert chips(banner) == ["unused", "ok"]
+    assert "<b>unused</b> 8 tensors, 18.6 KB" in banner
+    assert chips(tables.verdict_banner(demo("clean"))) == ["ok"]
+
+
+def test_banner_says_which_step_failed_escaped():
+    banner = tables.verdict_banner(failing_run(0))
+    assert "failed at step 0: RuntimeError: boom &lt;b&gt;bad&lt;/b&gt;. No step completed." \
+        in banner
+    assert "<b>bad</b>" not in banner
+    assert "0 steps observed" in banner
+    banner = tables.verdict_banner(failing_run(2))
+    assert "failed at step 2" in banner and "The 2 steps before it are kept" in banner
+    assert "2 steps observed" in banner
+
+
+def test_banner_lists_every_severity_in_order():
+    params, steps = synthetic()
+    d = types.SimpleNamespace(params=params, steps=steps, failure=None, meta={}, findings=[])
+    banner = tables.verdict_banner(d)
+    names = chips(banner)
+    assert set(names) == {"stalled", "orphan", "grad_not_cleared", "unused", "ok"}
+    ranks = [("ok", "info", "warning", "error").index(tables.verdict_severity(v)) for v in names]
+    assert ranks == sorted(ranks, reverse=True) and names[-1] == "ok"
+    assert "200 steps observed" in banner
+
+
+# ------------------------------------------------------------------ findings
+@pytest.mark.parametrize("name", DEMOS)
+def test_findings_table_has_every_code_and_escaped_fix(name):
+    d = demo(name)
+    out = tables.findings_table(d.findings)
+    if not d.findings:
+        assert "No findings" in out and "<table" not in out
+    for f in d.findings:
+        assert f"<td>{f.code}</td>" in out
+        assert f"<code style='white-space:pre-wrap'>{html.escape(f.fix)}</code>" in out
+        assert human_bytes(f.bytes) in out
+    assert out.count("<tr class=") == len(d.findings)
+
+
+def test_findings_table_worst_first():
+    info = Finding("decay_on_norm_or_bias", "info", ("a.bias",), "m", "f", "a", 1, 10**6)
+    warn = Finding("unused", "warning", ("b.w",), "m", "f", "b", 1, 10)
+    err = Finding("orphan", "error", ("c.w",), "m", "f", "c", 1, 1)
+    out = tables.findings_table([info, warn, err])
+    assert re.findall(r'<tr class="(\w+)">', out) == ["error", "warning", "info"]
+
+
+def test_findings_table_escapes_names_and_marks_code():
+    f = Finding("orphan", "error", (HOSTILE,), f"`{HOSTILE}` is never trained", f"fix {HOSTILE}",
+                HOSTILE, 1, 16)
+    out = tables.findings_table([f])
+    assert "<script" not in out
+    assert "<code>&lt;script&gt;alert(1)&lt;/script&gt;</code> is never trained" in out
+
+
+# ------------------------------------------------------------------ wiring table
+def test_wiring_table_puts_the_orphan_first():
+    styler = tables.wiring_table(demo("meta_memory").params)
+    first = styler.data.iloc[0]
+    assert first["name"] == MEM
+    assert first["verdicts"] == "orphan, grad_not_cleared"
+    assert first["optimizer/group"] == "—" and first["used"] == "5/5"
+    assert first["changed"] == "0/5" and first["shape"] == "4×32" and first["bytes"] == "512 B"
+    assert first["grad_total_norm"] == f"{demo('meta_memory').params['grad_total_norm'][0]:.3g}"
+    out = styler.to_html()
+    assert tables.SEVERITY_COLORS["error"][0] in out
+    assert list(styler.data.columns) == list(tables.WIRING_COLUMNS)
+
+
+def test_wiring_table_unused_then_ok_in_model_order():
+    params = demo("finetune_heads").params
+    names = list(tables.wiring_table(params).data["name"])
+    assert set(names[:8]) == set(params.loc[params["used_steps"] == 0, "name"])
+    assert names[0] == "vocab_head.weight"  # the largest flagged
+    assert names[8:] == [n for n in params["name"] if n not in names[:8]]
+
+
+def test_wiring_table_at_scale_keeps_every_flagged_row():
+    params, _ = synthetic()
+    styler = tables.wiring_table(params, limit=200)
+    shown = styler.data
+    assert len(shown) == 200
+    flagged = params.loc[params["verdicts"] != ("ok",), "name"]
+    assert set(flagged) <= set(shown["name"])
+    assert list(shown["verdicts"][:18]).count("ok") == 0
+    ok_bytes = params.loc[params["verdicts"] == ("ok",), "bytes"]
+    smallest_kept = params.set_index("name").loc[list(shown["name"][18:]), "bytes"].min()
+    assert smallest_kept >= ok_bytes.nlargest(182).min()
+    caption = styler.caption
+    assert "1800 rows left out" in caption and "params.csv" in caption
+    assert styler.to_html().count("<tr>") <= 201
+
+
+# ------------------------------------------------------------------ module rollup
+def test_module_rollup_counts_the_dead_heads():
+    roll = tables.module_rollup(demo("finetune_heads").params)
+    by_module = roll.set_index("module")
+    assert by_module.loc["cmim_decoder", "unused"] == 4
+    assert by_module.loc["cmim_decoder", "tensors"] == 4
+    assert by_module.loc["cmim_decoder", "trainable"] == 4
+    assert by_module.loc["encoder", "unused"] == 2 and by_module.loc["encoder", "ok"] == 11
+    assert list(roll["module"]) == ["cmim_decoder", "vocab_head", "encoder", "ffn_head"]
+    assert list(roll["worst"]) == ["warning"] * 3 + ["ok"]
+    assert roll["tensors"].sum() == 23
+
+
+def test_module_rollup_counts_depth_after_the_ddp_prefix():
+    params = demo("meta_memory").params
+    roll = tables.module_rollup(params)
+    assert roll["module"][0] == "module.metamodel"
+    assert roll.loc[0, "orphan"] == 1 and roll.loc[0, "trainable"] == 1
+    assert set(roll["module"]) == {"module.metamodel", "module.hypernet", "module.metalora",
+                                   "module.lm_head"}
+    deeper = tables.module_rollup(params, depth=2)
+    assert deeper["module"][0] == "module.metamodel.model"
+    assert "module.hypernet.0" in set(deeper["module"])
+    assert list(roll.columns[:4]) == ["module", "tensors", "bytes", "trainable"]
+    assert list(roll.columns[5:]) == ["orphan", "grad_not_cleared", "ok"]
+
+
+def test_module_rollup_at_scale():
+    params, _ = synthetic()
+    roll = tables.module_rollup(params)
+    assert len(roll) == 25 and roll["tensors"].sum() == len(params)
+    assert roll["worst"][0] == "error" and (roll["worst"][roll["worst"] == "ok"].index
+                                           > roll["worst"][roll["worst"] != "ok"].index.max()).all()
+
+
+# ------------------------------------------------------------------ advice
+def test_advice_html_for_dead_heads():
+    out = tables.advice_html(demo("finetune_heads").advice)
+    assert "find_unused_parameters=True" in out
+    assert "cmim_decoder.0.weight" in out and "18.6 KB" in out
+    assert "then use find_unused_parameters=False" in out
+    assert "static_graph=True is possible" in out
+
+
+def test_advice_html_clean_and_empty():
+    out = tables.advice_html(demo("clean").advice)
+    assert "find_unused_parameters=False</b></span> is enough" in out
+    assert "No DDP advice" in tables.advice_html({})
+
+
+# ------------------------------------------------------------------ escaping, end to end
+def test_hostile_module_name_is_escaped_everywhere():
+    d = hostile_diag()
+    assert any(n.startswith(HOSTILE) for n in d.params["name"])
+    assert any(f.code == "unused" and HOSTILE in f.module for f in d.findings)
+    outputs = {
+        "banner": tables.verdict_banner(d),
+        "findings": tables.findings_table(d.findings),
+        "wiring": tables.wiring_table(d.params).to_html(),
+        "advice": tables.advice_html(d.advice),
+    }
+    escaped = html.escape(HOSTILE)
+    for where, out in outputs.items():
+        assert "<script" not in out.lower(), where
+        assert "http://" not in out and "https://" not in out, where
+    for where in ("findings", "wiring", "advice"):
+        assert escaped in outputs[where], where
+    roll = tables.module_rollup(d.params)
+    assert HOSTILE in set(roll["module"])  # a DataFrame keeps the raw name; pandas escapes it
+    assert "<script" not in roll._repr_html_() and escaped in roll._repr_html_()

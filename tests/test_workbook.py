@@ -1,0 +1,107 @@
+"""The notebook contract (SPEC 5): one typed `parameters` cell, no committed outputs, unknown
+parameters rejected, and every notebook executes headless under papermill."""
+
+import ast
+import json
+from pathlib import Path
+
+import nbformat
+import papermill
+import pytest
+from papermill.exceptions import PapermillExecutionError
+
+from diagkit import DiagkitError, workbook
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_notebooks():
+    assert [p.name for p in NOTEBOOKS if p.name == "diagnose.ipynb"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_notebooks_carry_no_outputs(path):
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            assert cell.get("outputs") == [] and cell.get("execution_count") is None, path
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_one_parameters_cell_of_typed_commented_literals(path):
+    nb = nbformat.read(path, as_version=4)
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1
+    lines = [line for line in tagged[0].source.splitlines() if line.strip()]
+    tree = ast.parse(tagged[0].source)
+    assert len(tree.body) == len(lines)  # one statement per line, nothing else
+    for node, line in zip(tree.body, lines):
+        assert isinstance(node, ast.AnnAssign), line
+        ast.literal_eval(node.value)  # a literal
+        assert "#" in line.split("=", 1)[1], f"uncommented: {line}"
+
+
+def test_diagnose_parameters_match_the_workbook_contract():
+    nb = nbformat.read(next(p for p in NOTEBOOKS if p.name == "diagnose.ipynb"), as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    declared = {n.target.id: (n.annotation.id, ast.literal_eval(n.value))
+                for n in ast.parse(cell.source).body}
+    assert set(declared) == set(workbook.PARAMETERS)
+    for name, (annotation, default) in declared.items():
+        types, contract_default, _ = workbook.PARAMETERS[name]
+        assert annotation == types[0].__name__ and default == contract_default, name
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"bogus": 1}, ["unknown", "'bogus'", "target"]),
+    ({"steps": "5"}, ["'steps'", "int", "str"]),
+    ({"steps": 0}, ["'steps'", ">= 1"]),
+    ({"interactive": 1}, ["'interactive'", "bool"]),
+    ({"target_args": []}, ["'target_args'", "dict"]),
+    ({"steps": True}, ["'steps'", "int", "bool"]),
+])
+def test_validate_rejects_bad_parameters(bad, words):
+    with pytest.raises(DiagkitError) as info:
+        workbook.validate(bad)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_validate_fills_defaults():
+    settings = workbook.validate({"target": "x:y"})
+    assert settings["target"] == "x:y" and settings["steps"] == 5 and settings["checkpoint"] == ""
+
+
+def _run(path, tmp_path, **parameters):
+    out = tmp_path / f"out-{path.name}"
+    return papermill.execute_notebook(str(path), str(out), parameters=parameters,
+                                      kernel_name="python3", progress_bar=False,
+                                      cwd=str(tmp_path))
+
+
+@pytest.mark.parametrize("demo", ["meta_memory", "finetune_heads", "clean"])
+def test_papermill_runs_the_workbook_on_each_demo(tmp_path, demo):
+    path = next(p for p in NOTEBOOKS if p.name == "diagnose.ipynb")
+    nb = _run(path, tmp_path, target=f"diagkit.demos:{demo}", steps=2, out_dir=str(tmp_path),
+              interactive=False)
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(images) >= 3  # gradient norms, update ratios, wiring matrix
+    findings = json.loads((tmp_path / "findings.json").read_text())
+    expected = {"meta_memory": "error", "finetune_heads": "warning", "clean": None}[demo]
+    assert findings["worst"] == expected
+    assert (tmp_path / "params.csv").read_text().count("\n") > 1
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_notebook_executes_with_tiny_parameters(tmp_path, path):
+    nb = _run(path, tmp_path, steps=1)
+    assert all(o.output_type != "error" for c in nb.cells for o in c.get("outputs", []))
+
+
+def test_papermill_with_an_unknown_parameter_fails(tmp_path):
+    path = next(p for p in NOTEBOOKS if p.name == "diagnose.ipynb")
+    with pytest.raises(PapermillExecutionError) as info:
+        _run(path, tmp_path, target="diagkit.demos:clean", stepz=2)
+    assert "DiagkitError" in info.value.ename and "stepz" in info.value.evalue
