@@ -145,3 +145,20 @@ def test_hostile_names_are_escaped_in_chromium(hostile):
     assert requests == []
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom  # shown as text, escaped
     assert "<script>alert" not in dom
+
+
+def test_a_dying_kernel_still_writes_the_report_and_fails(tmp_path):
+    (tmp_path / "dies.py").write_text(HOSTILE + '''
+
+def dies():
+    import os
+    setup = build()
+    def train_step(i):
+        os._exit(3)  # the kernel process dies mid-run
+    return {"model": setup["model"], "optimizer": setup["optimizer"], "train_step": train_step}
+''')
+    out = tmp_path / "r"
+    run = diagkit("report", f"{tmp_path / 'dies.py'}:dies", "--out", str(out), cwd=tmp_path)
+    assert run.returncode == 2
+    assert "report incomplete" in run.stderr.strip().splitlines()[-1]
+    assert "This report is incomplete" in (out / "report.html").read_text()

@@ -37,7 +37,7 @@ def test_banner_names_the_orphan_worst_first():
 def test_banner_on_the_other_demos():
     banner = tables.verdict_banner(demo("finetune_heads"))
     assert chips(banner) == ["unused", "ok"]
-    assert "<b>unused</b> 8 tensors, 18.6 KB" in banner
+    assert "<b>unused</b> 8 tensors, 18.6 KiB" in banner
     assert chips(tables.verdict_banner(demo("clean"))) == ["ok"]
 
 
@@ -170,7 +170,7 @@ def test_module_rollup_at_scale():
 def test_advice_html_for_dead_heads():
     out = tables.advice_html(demo("finetune_heads").advice)
     assert "find_unused_parameters=True" in out
-    assert "cmim_decoder.0.weight" in out and "18.6 KB" in out
+    assert "cmim_decoder.0.weight" in out and "18.6 KiB" in out
     assert "then use find_unused_parameters=False" in out
     assert "static_graph=True is possible" in out
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import html
 import json
 import os
 import shutil
@@ -74,26 +73,10 @@ class Diagnosis:
 
     # ---------------------------------------------------------------- notebook
     def _repr_html_(self) -> str:
-        counts: dict[str, int] = {}
-        for vs in self.params["verdicts"]:
-            for v in vs:
-                counts[v] = counts.get(v, 0) + 1
-        esc = html.escape
-        badge = " · ".join(f"<b>{esc(k)}</b> {n}" for k, n in sorted(counts.items()))
-        rows = "".join(
-            f"<tr><td>{esc(f.severity)}</td><td>{esc(f.code)}</td><td>{esc(f.module)}</td>"
-            f"<td>{f.count}</td><td>{esc(f.message)}</td><td><code>{esc(f.fix)}</code></td></tr>"
-            for f in self.findings)
-        fup = self.advice.get("find_unused_parameters", {})
-        sg = self.advice.get("static_graph", {})
-        return (
-            f"<div class='diagkit'><p>diagkit: {len(self.params)} tensors, "
-            f"{self.meta.get('steps_observed', 0)} steps observed. {badge}</p>"
-            + (f"<table><tr><th>severity</th><th>code</th><th>where</th><th>tensors</th>"
-               f"<th>finding</th><th>fix</th></tr>{rows}</table>" if rows else "")
-            + f"<p>find_unused_parameters={esc(str(fup.get('value')))}: "
-              f"{esc(str(fup.get('evidence', '')))}. static_graph possible: "
-              f"{esc(str(sg.get('value')))} ({esc(str(sg.get('evidence', '')))}).</p></div>")
+        """The notebook summary: the report's banner, findings and advice."""
+        from .tables import advice_html, findings_table, verdict_banner
+        return (f"<div class='diagkit'>{verdict_banner(self)}{findings_table(self.findings)}"
+                f"{advice_html(self.advice)}</div>")
 
     def __repr__(self) -> str:
         return (f"<Diagnosis {len(self.params)} tensors, {self.meta.get('steps_observed', 0)} "

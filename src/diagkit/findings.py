@@ -46,7 +46,8 @@ def build_findings(params: pd.DataFrame, steps: pd.DataFrame,
         findings.append(Finding(
             "step_failed", "error", (),
             f"your training step raised at step {failure.step}: {failure.error}. "
-            f"The {failure.step} step(s) before it are kept and judged below.",
+            + (f"The {failure.step} step(s) before it are kept and judged below."
+               if failure.step else "No step completed, so no tensor could be judged."),
             "Fix the error in the step (full traceback in diag.failure.traceback), then rerun."))
     for code, error in check_errors:
         findings.append(Finding(
@@ -157,8 +158,8 @@ def _params_expr(label: str, group: pd.DataFrame) -> str:
 
 
 def human_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"  # pragma: no cover

@@ -33,7 +33,9 @@ def aggregate_steps(steps: pd.DataFrame) -> pd.DataFrame:
         columns = ["requires_grad", "lr", "steps", "rg_steps", "used_steps", "changed_steps",
                    "carried_steps", "nonfinite_steps", "grad_norm", "grad_total_norm",
                    "delta_norm", "update_ratio"]
-        return pd.DataFrame(columns=columns, dtype=object).rename_axis("name")
+        empty = pd.DataFrame({c: pd.Series(dtype=bool if c == "requires_grad" else float)
+                              for c in columns})
+        return empty.rename_axis("name")
     s = steps.sort_values("step", kind="stable")
     g = s.groupby("name", sort=False)
     used_grad = s["grad_norm"].where(s["used"])
