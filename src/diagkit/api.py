@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
+import pandas as pd
 import torch
 
 from .diagnosis import Diagnosis
 from .errors import DiagkitError
 from .findings import build_advice, build_findings
 from .inventory import take_inventory
-from .recorder import Recorder, run_steps
+from .recorder import Recorder, StepFailure, run_steps
 from .state import SavedState
 from .summary import build_params
 from .target import DEFAULT_STEPS, Setup
@@ -27,6 +29,23 @@ def diagnose(model, optimizer=None, *, batch_fn=None, loss_fn=None, train_step=N
     """
     setup = _as_setup(model, optimizer, batch_fn, loss_fn, train_step, zero_grad_set_to_none,
                       lr_scheduler)
+    run = observe(setup, steps, restore=restore)
+    return judge_run(run.rows, run.steps, run.failure, run.meta)
+
+
+@dataclasses.dataclass
+class Observation:
+    """What one process measured: the static rows, the steps table, a failure, run facts."""
+
+    rows: list[dict]
+    steps: pd.DataFrame
+    failure: StepFailure | None
+    meta: dict
+
+
+def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
+            checksums: bool = False, on_progress=None) -> Observation:
+    """Measure only: run the steps under hooks and return the tables (no judging)."""
     n_steps = steps if steps is not None else (setup.steps or DEFAULT_STEPS)
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
         raise DiagkitError(f"steps must be a positive int, got {n_steps!r}")
@@ -35,7 +54,8 @@ def diagnose(model, optimizer=None, *, batch_fn=None, loss_fn=None, train_step=N
     if not inventory.tensors:
         raise DiagkitError("the model has no parameters and the optimizers hold none: "
                            "nothing to diagnose")
-    recorder = Recorder(inventory, setup.optimizers)
+    recorder = Recorder(inventory, setup.optimizers, checksums=checksums,
+                        on_progress=on_progress)
     saved = (SavedState(setup.model, inventory.tensors, setup.optimizers, setup.lr_scheduler)
              if restore else None)
     started = time.perf_counter()
@@ -46,20 +66,24 @@ def diagnose(model, optimizer=None, *, batch_fn=None, loss_fn=None, train_step=N
         recorder.detach()
         if saved is not None:
             saved.restore()
-    elapsed = time.perf_counter() - started
-
-    steps_table = recorder.steps_table()
-    params = build_params(inventory, steps_table)
-    params["verdicts"], check_errors = judge(params, steps_table)
     meta = {
         "steps_requested": n_steps,
-        "steps_observed": int(steps_table["step"].nunique()) if len(steps_table) else 0,
         "loop": "train_step" if setup.train_step is not None else "standard",
         "losses": recorder.losses,
-        "seconds": round(elapsed, 4),
+        "seconds": round(time.perf_counter() - started, 4),
         "torch": torch.__version__,
         "restored": restore,
     }
+    return Observation(inventory.rows, recorder.steps_table(), failure, meta)
+
+
+def judge_run(rows: list[dict], steps_table: pd.DataFrame, failure: StepFailure | None,
+              meta: dict) -> Diagnosis:
+    """Judge what was observed (by one process, or gathered from every rank)."""
+    params = build_params(rows, steps_table)
+    params["verdicts"], check_errors = judge(params, steps_table)
+    meta = {**meta, "steps_observed": int(steps_table["step"].nunique()) if len(steps_table)
+            else 0}
     return Diagnosis(params=params, steps=steps_table,
                      findings=build_findings(params, steps_table, check_errors, failure),
                      advice=build_advice(params, steps_table), failure=failure, meta=meta)

@@ -56,7 +56,10 @@ def _target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow a checkpoint that needs arbitrary unpickling (runs its code)")
     p.add_argument("--nproc", type=_positive_int, default=1, metavar="N",
-                   help="processes of a torch.distributed job (1 = this process)")
+                   help="processes of a torch.distributed job launched with torchrun (gloo on "
+                        "CPU, NCCL on GPUs); 1 = this process")
+    p.add_argument("--timeout", type=_positive_int, default=120, metavar="SECONDS",
+                   help="with --nproc > 1: end the run (and name the stuck rank) after this long")
     p.add_argument("--fail-on", choices=["error", "warning", "info", "never"], default="error",
                    help="exit 1 when a finding is at or above this severity (default: error)")
 
@@ -123,18 +126,16 @@ def _run(argv) -> int:
     return _demo(args)
 
 
-def _check_nproc(args) -> None:
-    if args.nproc != 1:
-        raise DiagkitError(f"--nproc {args.nproc}: distributed runs are not available in this "
-                           "version; use --nproc 1")
-
-
 def _diagnose_target(args):
     """Run a target in this process: validate everything first, then diagnose."""
-    _check_nproc(args)
     for option in ("json", "save"):
         _check_writable(getattr(args, option, None), f"--{option}")
     kwargs = parse_target_args(args.arg)
+    if args.nproc > 1:
+        _precheck_target(args.target, kwargs, args.checkpoint)
+        from .distributed import diagnose_distributed
+        return diagnose_distributed(args.target, kwargs, nproc=args.nproc, steps=args.steps,
+                                    checkpoint=args.checkpoint, timeout=args.timeout)
     from .api import diagnose
     from .target import load_target
     setup = load_target(args.target, **kwargs)
@@ -174,12 +175,11 @@ def _check(args) -> int:
 
 
 def _report(args) -> int:
-    _check_nproc(args)
     _check_writable(args.out, "--out")
     kwargs = parse_target_args(args.arg)
     _precheck_target(args.target, kwargs, args.checkpoint)
     params = {"target": args.target, "target_args": kwargs, "checkpoint": args.checkpoint or "",
-              "steps": args.steps or 5, "nproc": args.nproc}
+              "steps": args.steps or 5, "nproc": args.nproc, "timeout": args.timeout}
     from .report import write_report
     result = write_report(args.out, {args.target: params}, show_code=args.show_code,
                           title=f"diagkit report: {args.target}")

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .schema import SEVERITY_RANK
+from .summary import collapse_ranks
 from .verdicts import VERDICTS
 
 
@@ -55,6 +56,7 @@ def build_findings(params: pd.DataFrame, steps: pd.DataFrame,
             f"the check for '{code}' crashed ({error}); its verdict is missing from this run.",
             "Report this as a diagkit bug, with the traceback of diagkit.verdicts.judge."))
     verdicts = params["verdicts"]
+    steps = collapse_ranks(steps)
     for code, v in VERDICTS.items():
         flagged = verdicts.map(lambda vs, c=code: c in vs).to_numpy(dtype=bool)
         if not flagged.any():
@@ -329,10 +331,15 @@ def build_advice(params: pd.DataFrame, steps: pd.DataFrame) -> dict:
     model = params[params["in_model"].astype(bool)]
     names = set(model["name"])
     s = steps[steps["name"].isin(names)]
+    if "rank" in s.columns:  # every (rank, step) is one observation of what DDP will see
+        s = s.assign(step=s["rank"].astype(str) + ":" + s["step"].astype(str))
+        steps_word = "rank-steps"
+    else:
+        steps_word = "steps"
     rg = s[s["requires_grad"].astype(bool)]
     n_steps = int(s["step"].nunique()) if len(s) else 0
-    rg_count = rg.groupby("name")["step"].nunique()
-    used_count = rg[rg["used"].astype(bool)].groupby("name")["step"].nunique()
+    rg_count = rg.groupby("name").size()
+    used_count = rg[rg["used"].astype(bool)].groupby("name").size()
     used_count = used_count.reindex(rg_count.index, fill_value=0)
     never = sorted(rg_count.index[used_count == 0], key=list(model["name"]).index)
     sometimes = sorted(rg_count.index[(used_count > 0) & (used_count < rg_count)],
@@ -344,7 +351,7 @@ def build_advice(params: pd.DataFrame, steps: pd.DataFrame) -> dict:
         fup_evidence = "no step completed, so nothing was observed"
     elif not need:
         fup_evidence = (f"every tensor that requires grad received a gradient on every one of "
-                        f"the {n_steps} observed steps")
+                        f"the {n_steps} observed {steps_word}")
     else:
         parts = []
         if never:
@@ -352,7 +359,7 @@ def build_advice(params: pd.DataFrame, steps: pd.DataFrame) -> dict:
                          f"({human_bytes(dead_bytes)} of dead weight)")
         if sometimes:
             parts.append(f"{len(sometimes)} tensor(s) received gradients on some steps only")
-        fup_evidence = "; ".join(parts) + f" over {n_steps} steps"
+        fup_evidence = "; ".join(parts) + f" over {n_steps} {steps_word}"
     if never and not sometimes:
         recommendation = ("freeze or drop the never-used tensors (see the 'unused' findings), "
                           "then use find_unused_parameters=False")
@@ -362,7 +369,7 @@ def build_advice(params: pd.DataFrame, steps: pd.DataFrame) -> dict:
     else:
         recommendation = "use find_unused_parameters=False"
 
-    static, static_evidence = _static_graph(rg if len(s) else s, s, n_steps)
+    static, static_evidence = _static_graph(rg if len(s) else s, s, n_steps, steps_word)
     return {
         "find_unused_parameters": {
             "value": need,
@@ -378,12 +385,13 @@ def build_advice(params: pd.DataFrame, steps: pd.DataFrame) -> dict:
     }
 
 
-def _static_graph(rg: pd.DataFrame, s: pd.DataFrame, n_steps: int) -> tuple[bool, str]:
+def _static_graph(rg: pd.DataFrame, s: pd.DataFrame, n_steps: int,
+                  steps_word: str = "steps") -> tuple[bool, str]:
     if n_steps == 0:
         return False, "no step completed"
     rg_sets = s[s["requires_grad"].astype(bool)].groupby("step")["name"].apply(frozenset)
     used_sets = rg[rg["used"].astype(bool)].groupby("step")["name"].apply(frozenset)
-    used_sets = used_sets.reindex(range(n_steps)).apply(
+    used_sets = used_sets.reindex(s["step"].unique()).apply(
         lambda x: x if isinstance(x, frozenset) else frozenset())
     if rg_sets.nunique() > 1:
         return False, "the set of tensors requiring grad changed between steps"
@@ -391,7 +399,7 @@ def _static_graph(rg: pd.DataFrame, s: pd.DataFrame, n_steps: int) -> tuple[bool
         return False, "the set of tensors receiving gradients changed between steps"
     if n_steps == 1:
         return True, "one step observed: nothing contradicts a static graph (observe more steps)"
-    return True, f"the same tensors received gradients on all {n_steps} observed steps"
+    return True, f"the same tensors received gradients on all {n_steps} observed {steps_word}"
 
 
 def worst_severity(findings: list[Finding]) -> str | None:

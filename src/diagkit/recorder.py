@@ -34,8 +34,11 @@ class StepFailure:
 
 
 class Recorder:
-    def __init__(self, inventory: Inventory, optimizers: list[torch.optim.Optimizer]):
+    def __init__(self, inventory: Inventory, optimizers: list[torch.optim.Optimizer],
+                 checksums: bool = False, on_progress: Callable | None = None):
         self.inv = inventory
+        self.checksums = checksums  # a value fingerprint per tensor and step, to compare ranks
+        self.on_progress = on_progress  # on_progress(event, step, recorder): a watchdog's feed
         self.tensors = inventory.tensors
         self.optimizers = optimizers
         self.n = len(self.tensors)
@@ -89,6 +92,8 @@ class Recorder:
             if not self._active:
                 return None
             if not self._backward_queued:
+                if not self._touched and self.on_progress is not None:
+                    self.on_progress("backward", len(self._records), self)
                 # Measure this backward's gradients when it ends: after every accumulation,
                 # before anything (clipping, unscaling) rewrites .grad in place.
                 self._backward_queued = True
@@ -148,6 +153,8 @@ class Recorder:
             self._before_norm = _norms([self.tensors[k] for k in self._float_idx], 2)
             _copy_all(self._before, self.tensors)
         self._active = True
+        if self.on_progress is not None:
+            self.on_progress("begin", len(self._records), self)
 
     def abort_step(self) -> None:
         """The user's step raised: drop its partial observations."""
@@ -166,10 +173,13 @@ class Recorder:
             delta_max = _norms(f_before, _INF)
             other_changed = [torch.ne(self._before[k], self.tensors[k]).any()
                              for k in self._other_idx]
-        self._store(delta_l2, delta_max, other_changed)
+            sums = [_fingerprint(t) for t in self.tensors] if self.checksums else []
+        self._store(delta_l2, delta_max, other_changed, sums)
         self._fresh = {}
         if loss is not None:
             self.losses.append(_as_float(loss))
+        if self.on_progress is not None:
+            self.on_progress("end", len(self._records) - 1, self)
 
     def _snapshot(self, indices) -> None:
         """What an optimizer sees as it steps: requires_grad, lr and .grad of what it holds."""
@@ -196,17 +206,17 @@ class Recorder:
                 values["fresh_max"].append((k, mx))
             self._fresh.pop(k, None)
 
-    def _store(self, delta_l2, delta_max, other_changed) -> None:
+    def _store(self, delta_l2, delta_max, other_changed, sums) -> None:
         keyed = list(self._device_values.items()) + [("carried", list(self._carried.items()))]
-        parts = [self._before_norm, delta_l2, delta_max, other_changed] + [
+        parts = [self._before_norm, delta_l2, delta_max, other_changed, sums] + [
             [v for _, v in pairs] for _, pairs in keyed]
         flat = _readback([x for part in parts for x in part])
         chunks = np.split(flat, np.cumsum([len(p) for p in parts])[:-1])
-        before_norm, d_l2, d_max, other_ch = chunks[:4]
+        before_norm, d_l2, d_max, other_ch, checksum = chunks[:5]
 
         n = self.n
         per_tensor = {}
-        for (name, pairs), chunk in zip(keyed, chunks[4:]):
+        for (name, pairs), chunk in zip(keyed, chunks[5:]):
             column = np.full(n, np.nan)
             column[[k for k, _ in pairs]] = chunk
             per_tensor[name] = column
@@ -245,6 +255,7 @@ class Recorder:
             "changed": changed,
             "lr": self._lr,
             "nonfinite": has_fresh & ~np.isfinite(grad_max),
+            **({"checksum": checksum} if self.checksums else {}),
         })
 
     # ----------------------------------------------------------------- result
@@ -253,10 +264,18 @@ class Recorder:
         count = len(self._records)
         data = {"step": np.repeat(np.arange(count, dtype=np.int64), self.n),
                 "name": np.tile(np.array(names, dtype=object), count)}
-        for col in list(STEPS_COLUMNS)[2:]:
+        columns = list(STEPS_COLUMNS) + (["checksum"] if self.checksums else [])
+        for col in columns[2:]:
             data[col] = (np.concatenate([r[col] for r in self._records]) if count
                          else np.array([], dtype=bool if col in _BOOL_COLS else float))
-        return pd.DataFrame(data, columns=list(STEPS_COLUMNS))
+        return pd.DataFrame(data, columns=columns)
+
+    def step_table(self, step: int) -> pd.DataFrame:
+        """The rows of one recorded step (what a watchdog writes out as the run goes)."""
+        record = self._records[step]
+        data = {"step": np.full(self.n, step, dtype=np.int64),
+                "name": np.array(self.inv.names, dtype=object), **record}
+        return pd.DataFrame(data, columns=list(data))
 
 
 _BOOL_COLS = {"requires_grad", "used", "carried_grad", "changed", "nonfinite"}
@@ -316,6 +335,13 @@ def _nonfinite_change(delta: torch.Tensor, after: torch.Tensor,
         not before_had_nan and bool((nan & torch.isnan(after)).any()))
     norm = float(torch.linalg.vector_norm(torch.where(nan, 0.0, delta.float())))
     return changed, norm
+
+
+def _fingerprint(t: torch.Tensor) -> torch.Tensor:
+    """Sum and sum of squares in float64, folded: equal values give equal fingerprints, and
+    ranks whose copies differ almost never collide."""
+    x = t.detach().to(torch.float64)
+    return x.sum() + x.square().sum() * math.sqrt(2.0)
 
 
 def _readback(values: list) -> np.ndarray:

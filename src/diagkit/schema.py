@@ -55,6 +55,13 @@ STEPS_COLUMNS: dict[str, str] = {
     "nonfinite": "the step's fresh gradient held NaN or Inf",
 }
 
+# Present only in distributed runs (gathered from every rank).
+DISTRIBUTED_STEPS_COLUMNS: dict[str, str] = {
+    "rank": "the rank that observed the row",
+    "checksum": "fingerprint of the tensor's value after the step (float64 sum and sum of "
+                "squares): equal across ranks when the copies are equal",
+}
+
 # Columns holding tuples: stored as lists on disk, turned back into tuples on load.
 TUPLE_COLUMNS = ("aliases", "shape", "memberships", "verdicts")
 

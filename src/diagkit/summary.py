@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .inventory import Inventory
-from .schema import PARAMS_COLUMNS
+from .schema import PARAMS_COLUMNS, STEPS_COLUMNS
 
 
-def build_params(inventory: Inventory, steps: pd.DataFrame) -> pd.DataFrame:
-    """Static facts from the inventory joined with aggregates over the observed steps."""
-    params = pd.DataFrame(inventory.rows)
+def build_params(rows: list[dict], steps: pd.DataFrame) -> pd.DataFrame:
+    """Static facts (the inventory's rows) joined with aggregates over the observed steps."""
+    params = pd.DataFrame(rows)
     params["optimizer"] = params["optimizer"].astype("Int64")
     params["group"] = params["group"].astype("Int64")
     agg = aggregate_steps(steps)
@@ -28,7 +27,24 @@ def build_params(inventory: Inventory, steps: pd.DataFrame) -> pd.DataFrame:
     return params[list(PARAMS_COLUMNS)].reset_index(drop=True)
 
 
+# How the ranks' rows of one (step, tensor) fold into one: "any rank" for facts about use and
+# change, rank 0's value for measurements (DDP makes them equal where it syncs).
+_RANK_FOLD = {"requires_grad": "any", "used": "any", "grad_norm": "first", "grad_max": "max",
+              "grad_total_norm": "first", "carried_grad": "any", "delta_norm": "first",
+              "update_ratio": "first", "changed": "any", "lr": "first", "nonfinite": "any"}
+
+
+def collapse_ranks(steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per (step, tensor), whatever the number of ranks observed."""
+    if "rank" not in steps.columns:
+        return steps
+    ordered = steps.sort_values(["step", "rank"], kind="stable")
+    folded = ordered.groupby(["step", "name"], sort=False).agg(_RANK_FOLD).reset_index()
+    return folded[list(STEPS_COLUMNS)]
+
+
 def aggregate_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    steps = collapse_ranks(steps)
     if steps.empty:  # the first step failed: nothing observed, every count is zero
         columns = ["requires_grad", "lr", "steps", "rg_steps", "used_steps", "changed_steps",
                    "carried_steps", "nonfinite_steps", "grad_norm", "grad_total_norm",

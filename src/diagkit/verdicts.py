@@ -13,6 +13,8 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from .summary import collapse_ranks
+
 Rule = Callable[[pd.DataFrame, pd.DataFrame], pd.Series]
 
 
@@ -22,14 +24,15 @@ class Verdict:
     severity: str
     meaning: str
     rule: Rule
+    per_rank: bool = False  # sees every rank's rows; the others see one row per (step, tensor)
 
 
 VERDICTS: dict[str, Verdict] = {}
 
 
-def verdict(name: str, severity: str, meaning: str):
+def verdict(name: str, severity: str, meaning: str, per_rank: bool = False):
     def register(rule: Rule) -> Rule:
-        VERDICTS[name] = Verdict(name, severity, meaning, rule)
+        VERDICTS[name] = Verdict(name, severity, meaning, rule, per_rank)
         return rule
     return register
 
@@ -132,7 +135,8 @@ def not_in_model(params, steps):
     return _in_optimizer(params) & ~params["in_model"].astype(bool)
 
 
-@verdict("rank_divergent", "error", "(distributed) its value differs between ranks after a step")
+@verdict("rank_divergent", "error", "(distributed) its value differs between ranks after a step",
+         per_rank=True)
 def rank_divergent(params, steps):
     if "rank" not in steps or "checksum" not in steps:
         return pd.Series(False, index=params.index)
@@ -142,7 +146,7 @@ def rank_divergent(params, steps):
 
 
 @verdict("rank_dependent_use", "warning",
-         "(distributed) used on some ranks and not others in the same step")
+         "(distributed) used on some ranks and not others in the same step", per_rank=True)
 def rank_dependent_use(params, steps):
     if "rank" not in steps:
         return pd.Series(False, index=params.index)
@@ -159,9 +163,10 @@ def judge(params: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.Series, list[tu
     """Every verdict for every tensor, plus (verdict, error) for rules that crashed."""
     hits: dict[str, pd.Series] = {}
     errors: list[tuple[str, str]] = []
+    per_step = collapse_ranks(steps)
     for name, v in VERDICTS.items():
         try:
-            result = v.rule(params, steps)
+            result = v.rule(params, steps if v.per_rank else per_step)
             hits[name] = pd.Series(result, index=params.index).fillna(False).astype(bool)
         except Exception as exc:  # a broken rule is a finding, never a crash
             errors.append((name, f"{type(exc).__name__}: {exc}"))

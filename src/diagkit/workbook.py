@@ -22,6 +22,7 @@ PARAMETERS: dict[str, tuple[tuple[type, ...], object, str]] = {
     "checkpoint": ((str, type(None)), "", "checkpoint to load into the model first (\"\": none)"),
     "steps": ((int,), 5, "training steps to observe"),
     "nproc": ((int,), 1, "processes of a torch.distributed job (1: this process)"),
+    "timeout": ((int,), 120, "seconds before a distributed run is ended (nproc > 1)"),
     "out_dir": ((str, type(None)), "", "folder for params.csv, steps.csv, findings.json "
                                        "(\"\": none)"),
     "interactive": ((bool,), True, "show the ipywidgets explorer (False in rendered reports)"),
@@ -50,9 +51,9 @@ def validate(values: dict) -> dict:
         out[name] = value
     if out["steps"] < 1:
         raise DiagkitError(f"notebook parameter 'steps' must be >= 1, got {out['steps']}")
-    if out["nproc"] != 1:
-        raise DiagkitError(f"nproc={out['nproc']}: distributed runs are not available in this "
-                           "version; use nproc=1")
+    for name in ("nproc", "timeout"):
+        if out[name] < 1:
+            raise DiagkitError(f"notebook parameter {name!r} must be >= 1, got {out[name]}")
     return out
 
 
@@ -81,6 +82,12 @@ def _assigned_names(source: str) -> dict:
 
 def run(settings: dict):
     """Load the target (and checkpoint) and diagnose it: what the notebook's run cell does."""
+    if settings["nproc"] > 1:
+        from .distributed import diagnose_distributed
+        return diagnose_distributed(settings["target"], settings["target_args"],
+                                    nproc=settings["nproc"], steps=settings["steps"],
+                                    checkpoint=settings["checkpoint"] or None,
+                                    timeout=settings["timeout"])
     from .api import diagnose
     from .target import load_target
     setup = load_target(settings["target"], **settings["target_args"])

@@ -1,0 +1,199 @@
+"""Run a diagnosis under real torch.distributed: torchrun launches N ranks of `diagkit.worker`.
+
+gloo on CPU, NCCL on GPUs, a free port chosen by torchrun's standalone rendezvous. Each rank
+writes its observations to a run folder as it goes; this side waits with a deadline, then
+assembles them into one `Diagnosis` whose steps table has a `rank` column. A rank that raises,
+hangs or dies ends the run within the deadline with an error naming the rank, the steps before
+it are kept, and the whole process group is killed: no process outlives the call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import DiagkitError
+from .recorder import StepFailure
+
+DEFAULT_TIMEOUT = 120.0  # seconds for the whole run, setup included
+_DDP_REDUCTION_ERROR = "Expected to have finished reduction"
+
+
+def diagnose_distributed(target: str, target_args: dict | None = None, *, nproc: int = 2,
+                         steps: int | None = None, checkpoint: str | None = None,
+                         timeout: float = DEFAULT_TIMEOUT, measure_cost: bool = True):
+    """Diagnose `target` in `nproc` processes of one torch.distributed job."""
+    from .api import judge_run
+    from .target import DEFAULT_STEPS
+
+    if nproc < 2:
+        raise DiagkitError(f"nproc must be >= 2 for a distributed run, got {nproc}")
+    with tempfile.TemporaryDirectory(prefix="diagkit-ddp-") as tmp:
+        run_dir = Path(tmp)
+        spec = {"run_dir": str(run_dir), "target": target, "target_args": target_args or {},
+                "steps": steps or DEFAULT_STEPS, "checkpoint": checkpoint,
+                # collectives wait longer than our deadline, so the deadline names the stuck rank
+                "collective_timeout": timeout + 60.0, "measure_cost": measure_cost}
+        (run_dir / "spec.json").write_text(json.dumps(spec))
+        returncode, timed_out, log = _launch(run_dir, nproc, timeout)
+        ranks = _rank_states(run_dir, nproc)
+        rows = _load(run_dir / "rows.pkl")
+        steps_table = _steps(run_dir, nproc)
+        meta = json.loads((run_dir / "meta.json").read_text()) if (
+            run_dir / "meta.json").is_file() else {}
+        cost = json.loads((run_dir / "cost.json").read_text()) if (
+            run_dir / "cost.json").is_file() else None
+
+    failure = _failure(ranks, nproc, returncode, timed_out, timeout, steps_table, log)
+    if rows is None:
+        raise DiagkitError(failure.error if failure else "the distributed run produced nothing")
+    meta = {**meta, "nproc": nproc, "ranks": ranks}
+    diag = judge_run(rows, steps_table, failure, meta)
+    _add_ddp_findings(diag)
+    fup = diag.advice["find_unused_parameters"]
+    fup["ddp"] = meta.get("ddp", {})
+    if cost:
+        fup["measured_cost"] = cost
+        if cost.get("ratio"):
+            fup["evidence"] += (f"; measured here: find_unused_parameters=True costs "
+                                f"{cost['ratio']:.2f}x the step time of False "
+                                f"(medians of {cost['rounds']} interleaved rounds)")
+    return diag
+
+
+def _launch(run_dir: Path, nproc: int, timeout: float) -> tuple[int | None, bool, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env.setdefault("TORCH_DISTRIBUTED_DEBUG", "INFO")  # DDP names unused tensors (DETAIL crashes)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=0.5",
+           "-m", "diagkit.worker", str(run_dir / "spec.json")]
+    log_path = run_dir / "torchrun.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # its own group: killed as a whole
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _kill_group(proc)
+    return proc.returncode, timed_out, log_path.read_text(errors="replace")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _load(path: Path):
+    return pickle.loads(path.read_bytes()) if path.is_file() else None
+
+
+def _rank_states(run_dir: Path, nproc: int) -> dict[int, dict]:
+    states = {}
+    for rank in range(nproc):
+        status = run_dir / f"rank{rank}.status.json"
+        progress = run_dir / f"rank{rank}.progress.json"
+        states[rank] = {
+            **(json.loads(status.read_text()) if status.is_file() else {"state": "unfinished"}),
+            "progress": json.loads(progress.read_text()) if progress.is_file() else None}
+    return states
+
+
+def _steps(run_dir: Path, nproc: int) -> pd.DataFrame:
+    """Steps completed by every rank (a step one rank never finished can't be compared)."""
+    per_rank = {r: sorted(run_dir.glob(f"rank{r}.step*.pkl")) for r in range(nproc)}
+    common = min((len(files) for files in per_rank.values()), default=0)
+    tables = [pickle.loads(f.read_bytes()) for r in range(nproc) for f in per_rank[r][:common]]
+    if not tables:
+        from .schema import STEPS_COLUMNS
+        return pd.DataFrame(columns=["rank", *STEPS_COLUMNS, "checksum"])
+    return pd.concat(tables, ignore_index=True).sort_values(["step", "rank"], kind="stable",
+                                                           ignore_index=True)
+
+
+def _failure(ranks, nproc, returncode, timed_out, timeout, steps_table, log) -> StepFailure | None:
+    """One failure for the run, naming the rank(s) and where they were."""
+    done = len(steps_table["step"].unique()) if len(steps_table) else 0
+    errors = {r: s for r, s in ranks.items() if s.get("state") == "error"}
+    step_failures = {r: s["failure"] for r, s in ranks.items()
+                     if s.get("state") == "done" and s.get("failure")}
+    if errors:
+        r, s = min(errors.items())
+        return StepFailure(done, f"rank {r} failed: {s['error']}", s.get("traceback", ""))
+    if step_failures:
+        r, f = min(step_failures.items())
+        others = sorted(set(step_failures) - {r})
+        also = f" (also on rank {', '.join(map(str, others))})" if others else ""
+        return StepFailure(f["step"], f"rank {r}: {f['error']}{also}", f.get("traceback", ""))
+    unfinished = [r for r, s in ranks.items() if s.get("state") != "done"]
+    if timed_out:
+        where = "; ".join(f"rank {r} {_where(ranks[r])}" for r in unfinished) or "all ranks done"
+        stuck = _stuck(ranks, unfinished)
+        return StepFailure(done, f"timed out after {timeout:.0f} s: {where}"
+                           + (f"; rank {stuck} is the one that stopped" if stuck is not None
+                              else ""), log[-4000:])
+    if unfinished or returncode not in (0, None):
+        where = "; ".join(f"rank {r} {_where(ranks[r])}" for r in unfinished)
+        return StepFailure(done, f"a rank died (torchrun exit {returncode}): {where}",
+                           log[-4000:])
+    return None
+
+
+def _where(state: dict) -> str:
+    p = state.get("progress")
+    if not p:
+        return "never started"
+    if p["event"] == "setup":
+        return "stopped while building the target"
+    phase = {"begin": "before its backward", "backward": "in its backward",
+             "end": "after finishing"}[p["event"]]
+    return f"stopped in step {p['step']}, {phase}"
+
+
+def _stuck(ranks: dict, unfinished: list[int]) -> int | None:
+    """The rank that is behind: the others wait for it in a collective."""
+    order = {"setup": 0, "begin": 1, "backward": 2, "end": 3}
+    position = {r: ((ranks[r]["progress"] or {}).get("step", -2),
+                    order.get((ranks[r]["progress"] or {}).get("event"), -1))
+                for r in unfinished}
+    if len(position) < 2:
+        return unfinished[0] if unfinished else None
+    lowest = min(position.values())
+    behind = [r for r, p in position.items() if p == lowest]
+    return behind[0] if len(behind) == 1 else None
+
+
+def _add_ddp_findings(diag) -> None:
+    """DDP's own refusal of unused tensors, turned into a finding that names them."""
+    from .findings import Finding, human_bytes
+    failure = diag.failure
+    if failure is None or _DDP_REDUCTION_ERROR not in failure.error:
+        return
+    unused = diag.advice["find_unused_parameters"]
+    names = unused["unused"] + unused["intermittent"]
+    size = human_bytes(unused["unused_bytes"])
+    listed = ", ".join(f"`{n}`" for n in names[:8]) + (
+        f" and {len(names) - 8} more" if len(names) > 8 else "")
+    diag.findings.insert(0, Finding(
+        "ddp_unused_parameters", "error", tuple(names),
+        f"DistributedDataParallel(find_unused_parameters=False) stopped the run at step "
+        f"{failure.step}: {len(names)} tensor(s) requiring grad got no gradient"
+        + (f": {listed} ({size})" if names else "") + ".",
+        "Freeze or drop those tensors (for p in <module>.parameters(): p.requires_grad_(False)) "
+        "before wrapping in DDP; or, if the forward really skips them on some steps, "
+        "DDP(model, find_unused_parameters=True).",
+        module="", count=len(names), bytes=unused["unused_bytes"]))
