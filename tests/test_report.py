@@ -162,3 +162,15 @@ def dies():
     assert run.returncode == 2
     assert "report incomplete" in run.stderr.strip().splitlines()[-1]
     assert "This report is incomplete" in (out / "report.html").read_text()
+
+
+def test_report_with_nproc_2_shows_the_per_rank_view(tmp_path):
+    out = tmp_path / "ranks"
+    run = diagkit("report", "diagkit.demos:rank_branch", "--nproc", "2", "--steps", "3",
+                  "--out", str(out))
+    assert run.returncode == 0, run.stderr  # rank-dependent use is a warning
+    html = (out / "report.html").read_text()
+    assert "2 ranks (0–1), 3 steps observed" in html
+    assert "module.aux.weight" in html and "rank 0: never" in html
+    steps = (out / "steps.csv").read_text().splitlines()
+    assert steps[0].startswith("rank,step,name,") and steps[0].endswith(",checksum")

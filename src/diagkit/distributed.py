@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -86,16 +85,40 @@ def _launch(run_dir: Path, nproc: int, timeout: float) -> tuple[int | None, bool
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
-            _kill_group(proc)
+            _stop(proc, run_dir)
     return proc.returncode, timed_out, log_path.read_text(errors="replace")
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def _stop(proc: subprocess.Popen, run_dir: Path) -> None:
+    """End torchrun and every rank. torchrun starts its ranks in sessions of their own, so
+    killing its group is not enough: ranks are found by the run folder in their command line."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # torchrun stops its ranks on SIGTERM
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    for pid in [proc.pid, *_ranks_of(run_dir)]:
+        try:
+            os.killpg(pid, signal.SIGKILL) if pid == proc.pid else os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     proc.wait()
+
+
+def _ranks_of(run_dir: Path) -> list[int]:
+    marker = str(run_dir / "spec.json").encode()
+    pids = []
+    if not Path("/proc").is_dir():  # not Linux: torchrun's own SIGTERM handling has to do
+        return pids
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
 
 
 def _load(path: Path):
@@ -135,7 +158,9 @@ def _failure(ranks, nproc, returncode, timed_out, timeout, steps_table, log) -> 
         r, s = min(errors.items())
         return StepFailure(done, f"rank {r} failed: {s['error']}", s.get("traceback", ""))
     if step_failures:
-        r, f = min(step_failures.items())
+        # The rank that failed first, and for its own reason: the others then only lose a peer.
+        r, f = min(step_failures.items(),
+                   key=lambda item: (item[1]["step"], _collateral(item[1]["error"]), item[0]))
         others = sorted(set(step_failures) - {r})
         also = f" (also on rank {', '.join(map(str, others))})" if others else ""
         return StepFailure(f["step"], f"rank {r}: {f['error']}{also}", f.get("traceback", ""))
@@ -151,6 +176,15 @@ def _failure(ranks, nproc, returncode, timed_out, timeout, steps_table, log) -> 
         return StepFailure(done, f"a rank died (torchrun exit {returncode}): {where}",
                            log[-4000:])
     return None
+
+
+_COLLATERAL = ("Connection closed by peer", "Connection reset", "Broken pipe", "NCCL error",
+               "Gloo", "gloo", "timed out", "Timed out")
+
+
+def _collateral(error: str) -> bool:
+    """An error a rank gets because another rank went away, not a cause of its own."""
+    return any(marker in error for marker in _COLLATERAL)
 
 
 def _where(state: dict) -> str:

@@ -357,3 +357,119 @@ def advice_html(advice: dict) -> str:
         parts.append(f"<p><b>static_graph=True {'is possible' if possible else 'is not possible'}"
                      f"</b>: {esc(str(sg.get('evidence', '')))}.</p>")
     return f'<div class="diagkit-advice">{"".join(parts)}</div>'
+
+
+# ------------------------------------------------------------------ per rank (distributed)
+def _spans(values) -> str:
+    """'0–2, 5' for 0, 1, 2, 5."""
+    values = sorted(set(int(v) for v in values))
+    parts, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        parts.append(str(values[i]) if i == j else f"{values[i]}–{values[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def _use_by_rank(rows: pd.DataFrame) -> str:
+    """Which ranks used one tensor on which steps, ranks with the same steps together:
+    'rank 1: steps 0–2; rank 0: never'."""
+    used_steps = {int(r): tuple(sorted(int(s) for s in g.loc[g["used"].astype(bool), "step"]))
+                  for r, g in rows.groupby("rank", sort=True)}
+    by_steps: dict[tuple, list[int]] = {}
+    for r, used in used_steps.items():
+        by_steps.setdefault(used, []).append(r)
+    parts = []
+    for used, ranks in sorted(by_steps.items(), key=lambda kv: (not kv[0], kv[1])):
+        who = f"rank{'s' if len(ranks) > 1 else ''} {_spans(ranks)}"
+        when = (f"step{'s' if len(used) > 1 else ''} {_spans(used)}" if used else "never")
+        parts.append(f"{who}: {when}")
+    return "; ".join(parts)
+
+
+def rank_view(diag, limit: int = 50) -> str:
+    """What differs between ranks in a distributed run (steps with a `rank` column).
+
+    One row per tensor that was used on some ranks and not others on some step, or whose
+    `checksum` differed between ranks after some step: which ranks used it on which steps, the
+    first step after which its values diverged, and the largest relative checksum spread
+    ((max - min) / max |checksum| over the ranks; inf when one rank's is NaN). Values that
+    diverged come first (earliest, then widest), then the rank-dependent use. At most `limit`
+    rows, then "and N more". A single-process run has nothing to compare: a short note.
+    """
+    esc = html.escape
+    steps = getattr(diag, "steps", diag)
+    if steps is None or "rank" not in steps.columns:
+        return '<p class="diagkit-ranks">single process: no per-rank view.</p>'
+    has_checksum = "checksum" in steps.columns
+    cols = ["step", "name", "rank", "used"] + (["checksum"] if has_checksum else [])
+    s = steps[cols].copy()
+    s["name"] = s["name"].astype(str)
+    ranks = sorted(int(r) for r in s["rank"].dropna().unique())
+    n_steps = int(s["step"].nunique())
+    position = pd.Series(np.arange(len(s)), index=s.index).groupby(s["name"], sort=False).min()
+
+    keys = [s["name"], s["step"]]
+    mixed_use = s["used"].astype(bool).groupby(keys).nunique() > 1
+    if has_checksum:
+        cs = _numeric(s["checksum"])
+        hi, lo = cs.groupby(keys).max(), cs.groupby(keys).min()
+        diverged = cs.groupby(keys).nunique(dropna=False) > 1
+        scale = np.maximum(hi.abs(), lo.abs())
+        spread = ((hi - lo) / scale.where(scale > 0)).fillna(0.0)
+        spread = spread.where(~(cs.isna().groupby(keys).any() & diverged), np.inf)
+        spread = spread.where(diverged, 0.0)
+    else:
+        diverged = pd.Series(False, index=mixed_use.index)
+        spread = pd.Series(0.0, index=mixed_use.index)
+
+    per_step = pd.DataFrame({"mixed": mixed_use, "diverged": diverged, "spread": spread})
+    per_step = per_step[per_step["mixed"] | per_step["diverged"]].reset_index()
+    per_step.columns = ["name", "step", "mixed", "diverged", "spread"]
+    div_step = per_step["step"].where(per_step["diverged"])
+    g = per_step.assign(div_step=div_step).groupby("name", sort=False)
+    flagged = pd.DataFrame({
+        "diverged": g["diverged"].any(),
+        "mixed": g["mixed"].any(),
+        "first": g["div_step"].min(),
+        "spread": g["spread"].max(),
+    })
+    flagged["position"] = position.reindex(flagged.index).to_numpy()
+    flagged = flagged.sort_values(["diverged", "first", "spread", "position"],
+                                  ascending=[False, True, False, True], kind="stable")
+
+    n_div, n_mixed = int(flagged["diverged"].sum()), int(flagged["mixed"].sum())
+    rank_text = f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
+    if ranks:
+        rank_text += f" ({_spans(ranks)})"
+    summary = (f"{rank_text}, {n_steps} step{'s' if n_steps != 1 else ''} observed; "
+               + (f"{len(flagged)} tensor{'s differ' if len(flagged) != 1 else ' differs'} "
+                  "between ranks"
+                  f" ({n_mixed} used on some ranks only, {n_div} with values that diverged)."
+                  if len(flagged) else "no tensor differs between ranks."))
+    out = [f'<div class="diagkit-ranks"><p>{summary}</p>']
+    if len(flagged):
+        shown = flagged.iloc[:max(int(limit), 0)]
+        rows_of = s[s["name"].isin(shown.index)].groupby("name", sort=False)
+        warn, err = SEVERITY_COLORS["warning"], SEVERITY_COLORS["error"]
+        body = []
+        for name, f in shown.iterrows():
+            bg, fg = err if f["diverged"] else warn
+            first = f"after step {int(f['first'])}" if f["diverged"] else "—"
+            body.append(
+                f'<tr class="{"error" if f["diverged"] else "warning"}">'
+                f'<td style="background:{bg};color:{fg}"><code>{esc(name)}</code></td>'
+                f"<td>{esc(_use_by_rank(rows_of.get_group(name)))}</td>"
+                f"<td>{first}</td>"
+                f"<td style='text-align:right'>"
+                f"{_number(f['spread']) if f['diverged'] else '—'}</td></tr>")
+        head = "".join(f"<th>{h}</th>" for h in ("tensor", "used on", "values diverged",
+                                                 "max relative spread"))
+        out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
+                   "</table>")
+        if len(flagged) > len(shown):
+            out.append(f"<p>and {len(flagged) - len(shown)} more.</p>")
+    out.append("</div>")
+    return "".join(out)

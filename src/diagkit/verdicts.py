@@ -140,7 +140,7 @@ def not_in_model(params, steps):
 def rank_divergent(params, steps):
     if "rank" not in steps or "checksum" not in steps:
         return pd.Series(False, index=params.index)
-    spread = steps.groupby(["step", "name"])["checksum"].nunique()
+    spread = steps.groupby(["step", "name"])["checksum"].nunique(dropna=False)
     divergent = spread[spread > 1].index.get_level_values("name").unique()
     return params["name"].isin(divergent)
 

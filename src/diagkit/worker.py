@@ -55,6 +55,8 @@ class RankFiles:
     def progress(self, event: str, step: int, recorder) -> None:
         self.write(f"rank{self.rank}.progress.json",
                    json.dumps({"event": event, "step": step, "time": time.time()}).encode())
+        if event == "begin" and step == 0 and self.rank == 0:  # before anything can hang
+            self.write("rows.pkl", pickle.dumps(recorder.inv.rows))
         if event == "end":
             table = recorder.step_table(step)
             table.insert(0, "rank", self.rank)
@@ -83,7 +85,6 @@ def _run(spec: dict, rank: int, files: RankFiles) -> int:
     obs = observe(setup, spec["steps"], restore=False, checksums=True,
                   on_progress=files.progress)
     if rank == 0:
-        files.write("rows.pkl", pickle.dumps(obs.rows))
         files.write("meta.json", json.dumps({
             **obs.meta, "backend": dist.get_backend(), "world_size": dist.get_world_size(),
             "wrapped_by_diagkit": wrapped_by_us,

@@ -1,4 +1,5 @@
-"""Pieces the demos share: a DDP-shaped wrapper and seeded random batches."""
+"""Pieces the demos share: a DDP-shaped wrapper (the real one under torch.distributed), the
+rank, and seeded random batches."""
 
 from __future__ import annotations
 
@@ -19,6 +20,27 @@ class WrapperLikeDDP(nn.Module):
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
+
+
+def distributed() -> bool:
+    """True inside an initialized torch.distributed process group (e.g. under `--nproc`)."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def current_rank() -> int:
+    """This process's rank in the default process group; 0 in a single process."""
+    return torch.distributed.get_rank() if distributed() else 0
+
+
+def wrap_like_ddp(module: nn.Module, **ddp_kwargs) -> nn.Module:
+    """`DistributedDataParallel(module, **ddp_kwargs)` inside a process group, else the
+    single-process `WrapperLikeDDP(module)`: either way the names start with `module.`.
+
+    `ddp_kwargs` (find_unused_parameters, ...) only matter under real DDP.
+    """
+    if distributed():
+        return torch.nn.parallel.DistributedDataParallel(module, **ddp_kwargs)
+    return WrapperLikeDDP(module)
 
 
 def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import WrapperLikeDDP, token_batches
+from .common import token_batches, wrap_like_ddp
 
 
 class Block(nn.Module):
@@ -94,7 +94,9 @@ def meta_memory(steps: int = 5, seed: int = 0, vocab: int = 64, d: int = 32, n_m
     torch.manual_seed(seed)
     metanet = MetaNetwork(vocab, d, n_mem)
     freeze(metanet.metamodel)
-    ddp_metanet = WrapperLikeDDP(metanet)
+    # Real DDP under `--nproc` (built after freeze(): DDP skips the frozen backbone, and every
+    # trainable tensor, mem_tokens included, is used, so find_unused_parameters=False holds).
+    ddp_metanet = wrap_like_ddp(metanet)
     no_decay = ["bias", "norm"]
     named = list(ddp_metanet.named_parameters())
     optimizer = torch.optim.AdamW([

@@ -1,0 +1,114 @@
+"""Real torch.distributed runs: torchrun, 2 processes, gloo on this CPU."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from diagkit.distributed import diagnose_distributed
+
+DIAGKIT = str(Path(sys.executable).parent / "diagkit")
+MEM = "module.metamodel.model.mem_tokens"
+
+
+def workers_alive() -> list[int]:
+    """Processes of ours still running a diagkit rank."""
+    alive = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"diagkit.worker" in cmd:
+                alive.append(int(pid))
+    return alive
+
+
+@pytest.fixture(scope="module")
+def meta2():
+    return diagnose_distributed("diagkit.demos:meta_memory", nproc=2, steps=4)
+
+
+def test_meta_memory_under_ddp_names_the_wrapped_orphan(meta2):
+    assert meta2.verdicts()[MEM] == {"orphan", "grad_not_cleared"}
+    assert meta2.failure is None
+    assert set(meta2.steps["rank"]) == {0, 1}
+    for rank in (0, 1):  # the same rising .grad on both ranks
+        rows = meta2.steps[(meta2.steps["name"] == MEM) & (meta2.steps["rank"] == rank)]
+        norms = rows["grad_total_norm"].tolist()
+        assert len(norms) == 4 and all(b > a for a, b in zip(norms, norms[1:]))
+    others = {n: v for n, v in meta2.verdicts().items() if n != MEM}
+    assert set().union(*others.values()) == {"ok"}
+    assert meta2.meta["backend"] == "gloo" and meta2.meta["world_size"] == 2
+    assert meta2.advice["find_unused_parameters"]["ddp"]["unused_parameter_size"] == 0
+
+
+def test_cli_nproc_2_exits_1_and_writes_json(tmp_path):
+    started = time.monotonic()
+    run = subprocess.run([DIAGKIT, "check", "diagkit.demos:meta_memory", "--nproc", "2",
+                          "--json", str(tmp_path / "out.json")], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 1, run.stderr
+    assert time.monotonic() - started < 60
+    params = json.loads((tmp_path / "out.json").read_text())["params"]
+    assert {"orphan", "grad_not_cleared"} == set(next(p for p in params if p["name"] == MEM)
+                                                 ["verdicts"])
+
+
+def test_forward_argument_tensor_diverges_between_ranks():
+    diag = diagnose_distributed("diagkit.demos:forward_arg", nproc=2, steps=3)
+    free = [n for n, v in diag.verdicts().items() if "rank_divergent" in v]
+    assert len(free) == 1 and free[0].startswith("<optimizer")
+    assert "not_in_model" in diag.verdicts()[free[0]]
+    synced = diag.steps[~diag.steps["name"].isin(free)]
+    spread = synced.groupby(["step", "name"])["checksum"].nunique()
+    assert (spread == 1).all()  # DDP keeps every model tensor identical across ranks
+
+
+def test_rank_dependent_branch():
+    diag = diagnose_distributed("diagkit.demos:rank_branch", nproc=2, steps=3)
+    flagged = {n for n, v in diag.verdicts().items() if "rank_dependent_use" in v}
+    assert flagged and all("aux" in n for n in flagged)
+    used = diag.steps[diag.steps["name"].isin(flagged)].groupby("rank")["used"].any()
+    assert not used[0] and used[1]
+    assert diag.advice["find_unused_parameters"]["value"] is True
+
+
+def test_user_ddp_without_find_unused_is_a_finding_not_a_crash():
+    diag = diagnose_distributed("diagkit.demos:ddp_strict", nproc=2, steps=3)
+    assert diag.failure is not None and "Expected to have finished reduction" in diag.failure.error
+    finding = diag.findings[0]
+    assert finding.code == "ddp_unused_parameters" and finding.severity == "error"
+    assert finding.params and all("head" in n for n in finding.params)
+    assert diag.meta["steps_observed"] >= 1  # the steps before the error are kept
+
+
+def test_a_hung_rank_ends_with_a_timeout_naming_it():
+    started = time.monotonic()
+    diag = diagnose_distributed("diagkit.demos:hang", nproc=2, steps=4, timeout=25,
+                                measure_cost=False)
+    assert time.monotonic() - started < 60
+    assert "timed out after 25 s" in diag.failure.error
+    assert "rank 1 is the one that stopped" in diag.failure.error
+    assert diag.meta["steps_observed"] >= 1
+    assert workers_alive() == []  # no rank outlives the run
+
+
+def test_a_crashing_rank_is_named():
+    diag = diagnose_distributed("diagkit.demos:crash", nproc=2, steps=4, measure_cost=False)
+    assert diag.failure is not None
+    assert "rank 1" in diag.failure.error and "crashed on purpose" in diag.failure.error
+    assert any(f.code == "step_failed" for f in diag.findings)
+    assert workers_alive() == []
+
+
+def test_bad_target_fails_before_launch(tmp_path):
+    run = subprocess.run([DIAGKIT, "check", "no.such.module:f", "--nproc", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().startswith("diagkit: error: no module named")
