@@ -112,3 +112,34 @@ def test_bad_target_fails_before_launch(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     assert run.stderr.strip().startswith("diagkit: error: no module named")
+
+
+DIES = '''
+import os
+import torch
+import torch.distributed as dist
+from diagkit.demos.wired import clean
+
+def build():
+    setup = clean(steps=4)
+    loss_fn, calls = setup["loss_fn"], []
+
+    def dying_loss(model, batch):
+        calls.append(1)
+        if dist.is_initialized() and dist.get_rank() == 1 and len(calls) == 2:
+            os._exit(7)  # the rank's process dies without a word
+        return loss_fn(model, batch)
+
+    return {**setup, "loss_fn": dying_loss}
+'''
+
+
+def test_a_dying_rank_is_named(tmp_path):
+    (tmp_path / "dies.py").write_text(DIES)
+    started = time.monotonic()
+    diag = diagnose_distributed(f"{tmp_path / 'dies.py'}:build", nproc=2, steps=4, timeout=40,
+                                measure_cost=False)
+    assert time.monotonic() - started < 60
+    assert diag.failure is not None and "rank 1" in diag.failure.error
+    assert diag.meta["steps_observed"] >= 1
+    assert workers_alive() == []

@@ -157,6 +157,14 @@ def _failure(ranks, nproc, returncode, timed_out, timeout, steps_table, log) -> 
     if errors:
         r, s = min(errors.items())
         return StepFailure(done, f"rank {r} failed: {s['error']}", s.get("traceback", ""))
+    unfinished = [r for r, s in ranks.items() if s.get("state") != "done"]
+    own_failures = {r: f for r, f in step_failures.items() if not _collateral(f["error"])}
+    if unfinished and not timed_out and not own_failures:
+        # A rank vanished (killed, os._exit, out of memory); the others only lost their peer.
+        where = "; ".join(f"rank {r} {_where(ranks[r])}" for r in unfinished)
+        step = min((f["step"] for f in step_failures.values()), default=done)
+        return StepFailure(step, f"rank {', '.join(map(str, unfinished))} died "
+                                 f"(torchrun exit {returncode}): {where}", log[-4000:])
     if step_failures:
         # The rank that failed first, and for its own reason: the others then only lose a peer.
         r, f = min(step_failures.items(),
@@ -164,7 +172,6 @@ def _failure(ranks, nproc, returncode, timed_out, timeout, steps_table, log) -> 
         others = sorted(set(step_failures) - {r})
         also = f" (also on rank {', '.join(map(str, others))})" if others else ""
         return StepFailure(f["step"], f"rank {r}: {f['error']}{also}", f.get("traceback", ""))
-    unfinished = [r for r, s in ranks.items() if s.get("state") != "done"]
     if timed_out:
         where = "; ".join(f"rank {r} {_where(ranks[r])}" for r in unfinished) or "all ranks done"
         stuck = _stuck(ranks, unfinished)
