@@ -126,3 +126,34 @@ def _step_function(setup: Setup):
             setup.lr_scheduler.step()
         return loss.detach()
     return standard_step
+
+
+def run_target(target: str, target_args: dict | None = None, *, steps: int | None = None,
+               checkpoint: str | None = None, trust_checkpoint: bool = False, nproc: int = 1,
+               timeout: float = 120) -> Diagnosis:
+    """What `diagkit check`, `diagkit report` and the notebook run: a target, optionally a
+    checkpoint loaded into it first, in this process or under torch.distributed."""
+    from .checkpoint import audit, audit_finding, load_checkpoint, load_findings
+    from .findings import sort_findings
+
+    if nproc > 1:
+        from .distributed import diagnose_distributed
+        diag = diagnose_distributed(target, target_args, nproc=nproc, steps=steps,
+                                    checkpoint=checkpoint, trust_checkpoint=trust_checkpoint,
+                                    timeout=timeout)
+        report = diag.checkpoint
+    else:
+        from .target import load_target
+        setup = load_target(target, **(target_args or {}))
+        report = (load_checkpoint(setup.model, checkpoint, trust=trust_checkpoint,
+                                  optimizers=setup.optimizers) if checkpoint else None)
+        diag = diagnose(setup, steps=steps)
+    if report is None:
+        return diag
+    from .checkpoint import LoadReport
+    report = report if isinstance(report, LoadReport) else LoadReport(**report["load"])
+    result = audit(diag.params, report)
+    diag.checkpoint = {"load": report.to_dict(), "audit": result, "summary": report.summary()}
+    extra = load_findings(report) + [f for f in [audit_finding(result, report.path)] if f]
+    diag.findings = sort_findings(diag.findings + extra)
+    return diag

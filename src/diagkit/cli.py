@@ -127,22 +127,15 @@ def _run(argv) -> int:
 
 
 def _diagnose_target(args):
-    """Run a target in this process: validate everything first, then diagnose."""
+    """Run a target: validate everything first (before a possibly long run), then diagnose."""
     for option in ("json", "save"):
         _check_writable(getattr(args, option, None), f"--{option}")
     kwargs = parse_target_args(args.arg)
-    if args.nproc > 1:
-        _precheck_target(args.target, kwargs, args.checkpoint)
-        from .distributed import diagnose_distributed
-        return diagnose_distributed(args.target, kwargs, nproc=args.nproc, steps=args.steps,
-                                    checkpoint=args.checkpoint, timeout=args.timeout)
-    from .api import diagnose
-    from .target import load_target
-    setup = load_target(args.target, **kwargs)
-    if args.checkpoint:
-        from .checkpoint import load_checkpoint
-        load_checkpoint(setup.model, args.checkpoint, trust=args.trust_checkpoint)
-    return diagnose(setup, steps=args.steps)
+    _precheck_target(args.target, kwargs, args.checkpoint)
+    from .api import run_target
+    return run_target(args.target, kwargs, steps=args.steps, checkpoint=args.checkpoint,
+                      trust_checkpoint=args.trust_checkpoint, nproc=args.nproc,
+                      timeout=args.timeout)
 
 
 def _check_writable(path: str | None, option: str) -> None:
@@ -179,7 +172,8 @@ def _report(args) -> int:
     kwargs = parse_target_args(args.arg)
     _precheck_target(args.target, kwargs, args.checkpoint)
     params = {"target": args.target, "target_args": kwargs, "checkpoint": args.checkpoint or "",
-              "steps": args.steps or 5, "nproc": args.nproc, "timeout": args.timeout}
+              "trust_checkpoint": args.trust_checkpoint, "steps": args.steps or 5,
+              "nproc": args.nproc, "timeout": args.timeout}
     from .report import write_report
     result = write_report(args.out, {args.target: params}, show_code=args.show_code,
                           title=f"diagkit report: {args.target}")

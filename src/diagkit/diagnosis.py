@@ -28,6 +28,7 @@ class Diagnosis:
     advice: dict
     failure: StepFailure | None = None
     meta: dict = dataclasses.field(default_factory=dict)
+    checkpoint: dict | None = None  # {"load": load report, "audit": dead bytes} when one was loaded
 
     # ---------------------------------------------------------------- queries
     def verdicts(self) -> dict[str, set[str]]:
@@ -48,6 +49,7 @@ class Diagnosis:
             "advice": self.advice,
             "failure": dataclasses.asdict(self.failure) if self.failure else None,
             "meta": self.meta,
+            "checkpoint": self.checkpoint,
         }
 
     # ---------------------------------------------------------------- files
@@ -63,7 +65,7 @@ class Diagnosis:
             _write_json(tmp / "findings.json", [f.to_dict() for f in self.findings])
             _write_json(tmp / "advice.json", self.advice)
             _write_json(tmp / "run.json", {
-                "format": FORMAT_VERSION, "meta": self.meta,
+                "format": FORMAT_VERSION, "meta": self.meta, "checkpoint": self.checkpoint,
                 "failure": dataclasses.asdict(self.failure) if self.failure else None})
             replace_dir(tmp, target)
         except BaseException:
@@ -98,6 +100,7 @@ def load(directory) -> Diagnosis:
         advice=json.loads((folder / "advice.json").read_text()),
         failure=failure,
         meta=run.get("meta", {}),
+        checkpoint=run.get("checkpoint"),
     )
 
 

@@ -29,6 +29,7 @@ _DDP_REDUCTION_ERROR = "Expected to have finished reduction"
 
 def diagnose_distributed(target: str, target_args: dict | None = None, *, nproc: int = 2,
                          steps: int | None = None, checkpoint: str | None = None,
+                         trust_checkpoint: bool = False,
                          timeout: float = DEFAULT_TIMEOUT, measure_cost: bool = True):
     """Diagnose `target` in `nproc` processes of one torch.distributed job."""
     from .api import judge_run
@@ -39,7 +40,7 @@ def diagnose_distributed(target: str, target_args: dict | None = None, *, nproc:
     with tempfile.TemporaryDirectory(prefix="diagkit-ddp-") as tmp:
         run_dir = Path(tmp)
         spec = {"run_dir": str(run_dir), "target": target, "target_args": target_args or {},
-                "steps": steps or DEFAULT_STEPS, "checkpoint": checkpoint,
+                "steps": steps or DEFAULT_STEPS, "checkpoint": checkpoint, "trust": trust_checkpoint,
                 # collectives wait longer than our deadline, so the deadline names the stuck rank
                 "collective_timeout": timeout + 60.0, "measure_cost": measure_cost}
         (run_dir / "spec.json").write_text(json.dumps(spec))
@@ -51,12 +52,15 @@ def diagnose_distributed(target: str, target_args: dict | None = None, *, nproc:
             run_dir / "meta.json").is_file() else {}
         cost = json.loads((run_dir / "cost.json").read_text()) if (
             run_dir / "cost.json").is_file() else None
+        loaded = json.loads((run_dir / "checkpoint.json").read_text()) if (
+            run_dir / "checkpoint.json").is_file() else None
 
     failure = _failure(ranks, nproc, returncode, timed_out, timeout, steps_table, log)
     if rows is None:
         raise DiagkitError(failure.error if failure else "the distributed run produced nothing")
     meta = {**meta, "nproc": nproc, "ranks": ranks}
     diag = judge_run(rows, steps_table, failure, meta)
+    diag.checkpoint = loaded  # run_target turns the load report into findings and an audit
     _add_ddp_findings(diag)
     fup = diag.advice["find_unused_parameters"]
     fup["ddp"] = meta.get("ddp", {})

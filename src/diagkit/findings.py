@@ -68,8 +68,12 @@ def build_findings(params: pd.DataFrame, steps: pd.DataFrame,
             findings.append(Finding(code, v.severity, tuple(group["name"]), message, fix,
                                     module=label, count=len(group),
                                     bytes=int(group["bytes"].sum())))
-    findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], -f.bytes, f.code, f.module))
-    return findings
+    return sort_findings(findings)
+
+
+def sort_findings(findings: list[Finding]) -> list[Finding]:
+    """Worst first, then the biggest."""
+    return sorted(findings, key=lambda f: (-SEVERITY_RANK[f.severity], -f.bytes, f.code, f.module))
 
 
 def _ancestors(module: str) -> list[str]:

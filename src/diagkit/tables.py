@@ -473,3 +473,36 @@ def rank_view(diag, limit: int = 50) -> str:
             out.append(f"<p>and {len(flagged) - len(shown)} more.</p>")
     out.append("</div>")
     return "".join(out)
+
+
+# ------------------------------------------------------------------ checkpoint
+def checkpoint_html(checkpoint: dict | None, limit: int = 30) -> str:
+    """What loading the checkpoint did, and its dead bytes (diag.checkpoint)."""
+    if not checkpoint:
+        return "<p>No checkpoint was loaded.</p>"
+    esc = html.escape
+    load = checkpoint.get("load", {})
+    parts = [f"<p>{esc(checkpoint.get('summary', ''))}.</p>"]
+    audit = checkpoint.get("audit") or {}
+    kinds = audit.get("by_kind", {})
+    if kinds:
+        rows = "".join(
+            f"<tr><td>{esc(kind)}</td><td>{v['tensors']}</td><td>{human_bytes(v['bytes'])}</td>"
+            f"<td>{v['share']:.1%}</td><td>{esc(', '.join(v['names'][:6]))}"
+            f"{' …' if len(v['names']) > 6 else ''}</td></tr>"
+            for kind, v in sorted(kinds.items(), key=lambda kv: -kv[1]["bytes"]))
+        parts.append(
+            f"<p>Of the checkpoint's {human_bytes(audit.get('checkpoint_bytes', 0))}:</p>"
+            "<table><tr><th>tensors this run</th><th>count</th><th>bytes</th><th>share</th>"
+            f"<th>e.g.</th></tr>{rows}</table>")
+    problems = ([(n, "missing from the file") for n in load.get("missing", [])]
+                + [(n, "in the file, not in the model") for n in load.get("unexpected", [])]
+                + [(m["name"], f"shape {tuple(m['file'])} in the file, {tuple(m['model'])} "
+                    "in the model") for m in load.get("mismatched", [])])
+    if problems:
+        rows = "".join(f"<tr><td>{esc(n)}</td><td>{esc(what)}</td></tr>"
+                       for n, what in problems[:limit])
+        more = f"<p>and {len(problems) - limit} more.</p>" if len(problems) > limit else ""
+        parts.append(f"<table><tr><th>tensor</th><th>not loaded because</th></tr>{rows}</table>"
+                     + more)
+    return "".join(parts)

@@ -27,6 +27,10 @@ def render_findings(diag, width: int = 100) -> str:
         lines += textwrap.wrap(f.message, width, initial_indent=indent, subsequent_indent=indent)
         lines += textwrap.wrap("fix: " + f.fix, width, initial_indent=indent,
                                subsequent_indent=indent + "     ", break_on_hyphens=False)
+    if diag.checkpoint:
+        lines.append("")
+        lines += textwrap.wrap(diag.checkpoint.get("summary", ""), width,
+                               subsequent_indent="        ")
     fup = diag.advice.get("find_unused_parameters", {})
     sg = diag.advice.get("static_graph", {})
     lines.append("")

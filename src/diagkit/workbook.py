@@ -20,6 +20,7 @@ PARAMETERS: dict[str, tuple[tuple[type, ...], object, str]] = {
                '"package.module:function" or "path/to/file.py:function"'),
     "target_args": ((dict,), {}, "keyword arguments for the target function"),
     "checkpoint": ((str, type(None)), "", "checkpoint to load into the model first (\"\": none)"),
+    "trust_checkpoint": ((bool,), False, "allow a checkpoint that needs arbitrary unpickling"),
     "steps": ((int,), 5, "training steps to observe"),
     "nproc": ((int,), 1, "processes of a torch.distributed job (1: this process)"),
     "timeout": ((int,), 120, "seconds before a distributed run is ended (nproc > 1)"),
@@ -82,19 +83,11 @@ def _assigned_names(source: str) -> dict:
 
 def run(settings: dict):
     """Load the target (and checkpoint) and diagnose it: what the notebook's run cell does."""
-    if settings["nproc"] > 1:
-        from .distributed import diagnose_distributed
-        return diagnose_distributed(settings["target"], settings["target_args"],
-                                    nproc=settings["nproc"], steps=settings["steps"],
-                                    checkpoint=settings["checkpoint"] or None,
-                                    timeout=settings["timeout"])
-    from .api import diagnose
-    from .target import load_target
-    setup = load_target(settings["target"], **settings["target_args"])
-    if settings["checkpoint"]:
-        from .checkpoint import load_checkpoint
-        load_checkpoint(setup.model, settings["checkpoint"])
-    return diagnose(setup, steps=settings["steps"])
+    from .api import run_target
+    return run_target(settings["target"], settings["target_args"], steps=settings["steps"],
+                      checkpoint=settings["checkpoint"] or None,
+                      trust_checkpoint=settings["trust_checkpoint"], nproc=settings["nproc"],
+                      timeout=settings["timeout"])
 
 
 def show(fig):

@@ -76,7 +76,10 @@ def _run(spec: dict, rank: int, files: RankFiles) -> int:
     setup = load_target(spec["target"], **spec["target_args"])
     if spec.get("checkpoint"):
         from .checkpoint import load_checkpoint
-        load_checkpoint(setup.model, spec["checkpoint"])
+        report = load_checkpoint(setup.model, spec["checkpoint"], trust=spec.get("trust"),
+                                 optimizers=setup.optimizers)
+        if rank == 0:
+            files.write("checkpoint.json", json.dumps({"load": report.to_dict()}).encode())
     wrapped_by_us = not isinstance(setup.model, DDP)
     if wrapped_by_us:
         # find_unused_parameters=True so that unused tensors are observed, not fatal.
