@@ -215,7 +215,8 @@ def load_findings(report: LoadReport) -> list[Finding]:
             module="", count=len(names), bytes=0))
     if report.missing:
         # Whole modules absent from the file are new parts (a finetune head): expected.
-        loaded_tops = {n.split(".")[0] for n in report.matched}
+        loaded_tops = {n.split(".")[0] for n in report.matched} | {
+            m["name"].split(".")[0] for m in report.mismatched}
         partial = [n for n in report.missing if n.split(".")[0] in loaded_tops]
         found.append(Finding(
             "checkpoint_missing", "warning" if partial else "info", tuple(report.missing),
