@@ -61,7 +61,7 @@ def test_demo_writes_one_report_and_says_where(demo):
     assert {"report.html", "report.ipynb"} <= {p.name for p in out.iterdir()}
     for name in ("meta_memory", "finetune_heads", "clean"):
         assert {"params.csv", "steps.csv", "findings.json"} <= {p.name for p in (out / name).iterdir()}
-    assert "diagkit report diagkit.demos:meta_memory" in run.stderr  # progress was shown
+    assert "diagkit diagkit.demos:meta_memory" in run.stderr  # progress was shown
     assert not list(out.parent.glob(".report.tmp-*"))  # scratch folders cleaned up
 
 

@@ -43,7 +43,8 @@ def notebook_path(name: str = NOTEBOOK_NAME) -> Path:
 
 
 def write_report(out, sections: dict[str, dict], show_code: bool = False,
-                 title: str = "diagkit report") -> ReportResult:
+                 title: str = "diagkit report", notebook: str = NOTEBOOK_NAME,
+                 check=validate) -> ReportResult:
     """Execute the workbook once per section (name -> notebook parameters) into one report.
 
     One section writes its data files at the top of `out`; several write them in a subfolder
@@ -51,7 +52,7 @@ def write_report(out, sections: dict[str, dict], show_code: bool = False,
     """
     import nbformat
 
-    checked = {name: validate(params) for name, params in sections.items()}
+    checked = {name: check(params) for name, params in sections.items()}
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DiagkitError(f"{out} exists and is not a folder")
@@ -61,7 +62,8 @@ def write_report(out, sections: dict[str, dict], show_code: bool = False,
         notebooks, errors, worst = [], [], []
         for name, params in checked.items():
             data_dir = scratch if len(checked) == 1 else scratch / _slug(name)
-            nb, error = _execute(params, data_dir, scratch / f".{_slug(name)}.ipynb")
+            nb, error = _execute(params, data_dir, scratch / f".{_slug(name)}.ipynb", notebook,
+                                 name)
             notebooks.append((name, nb))
             if error:
                 errors.append(f"{name}: {error}" if len(checked) > 1 else error)
@@ -81,19 +83,21 @@ def write_report(out, sections: dict[str, dict], show_code: bool = False,
                         worst=max(severities, key=rank.__getitem__) if severities else None)
 
 
-def _execute(params: dict, data_dir: Path, output: Path):
-    """Run the workbook with papermill; return the executed notebook and the failure, if any."""
+def _execute(params: dict, data_dir: Path, output: Path, notebook: str, label: str):
+    """Run a notebook with papermill; return the executed notebook and the failure, if any."""
     import nbformat
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    parameters = {**params, "out_dir": str(data_dir), "interactive": False}
+    parameters = {**params, "out_dir": str(data_dir)}
+    if "interactive" in params:
+        parameters["interactive"] = False  # widgets need a live kernel
     error = None
     try:
         papermill.execute_notebook(
-            str(notebook_path()), str(output), parameters=parameters, kernel_name="python3",
-            progress_bar={"file": sys.stderr, "desc": f"diagkit report {params['target']}"},
+            str(notebook_path(notebook)), str(output), parameters=parameters,
+            kernel_name="python3", progress_bar={"file": sys.stderr, "desc": f"diagkit {label}"},
             cwd=os.getcwd(), request_save_on_cell_execute=False,
             extra_arguments=["--IPKernelApp.log_level=ERROR"])  # no kernel chatter on stderr
     except PapermillExecutionError as exc:
@@ -103,7 +107,7 @@ def _execute(params: dict, data_dir: Path, output: Path):
     if output.is_file():
         nb = nbformat.read(output, as_version=4)
     else:
-        nb = nbformat.read(notebook_path(), as_version=4)
+        nb = nbformat.read(notebook_path(notebook), as_version=4)
     if error:
         nb.cells.insert(0, nbformat.v4.new_markdown_cell(
             f"**This report is incomplete.** {_md_escape(error)}"))
