@@ -32,14 +32,16 @@ PARAMETERS: dict[str, tuple[tuple[type, ...], object, str]] = {
 _INJECTED_HEADER = "# Parameters"  # papermill's injected cell starts with this comment
 
 
-def validate(values: dict) -> dict:
-    """Check names and types; return the full set of parameters with defaults filled in."""
-    unknown = sorted(set(values) - set(PARAMETERS))
+def validate(values: dict, contract: dict | None = None) -> dict:
+    """Check names and types against a notebook's contract (default: diagnose.ipynb's);
+    return the full set of parameters with defaults filled in."""
+    parameters = PARAMETERS if contract is None else contract
+    unknown = sorted(set(values) - set(parameters))
     if unknown:
         raise DiagkitError(f"unknown notebook parameter(s) {', '.join(map(repr, unknown))}; "
-                           f"known: {', '.join(PARAMETERS)}")
+                           f"known: {', '.join(parameters)}")
     out = {}
-    for name, (types, default, _) in PARAMETERS.items():
+    for name, (types, default, _) in parameters.items():
         value = values.get(name, default)
         if isinstance(value, bool) and bool not in types:
             ok = False
@@ -50,26 +52,26 @@ def validate(values: dict) -> dict:
             raise DiagkitError(f"notebook parameter {name!r} must be {expected}, "
                                f"got {type(value).__name__} {value!r}")
         out[name] = value
-    if out["steps"] < 1:
-        raise DiagkitError(f"notebook parameter 'steps' must be >= 1, got {out['steps']}")
-    for name in ("nproc", "timeout"):
-        if out[name] < 1:
+    for name in ("steps", "nproc", "timeout"):
+        if name in out and out[name] < 1:
             raise DiagkitError(f"notebook parameter {name!r} must be >= 1, got {out[name]}")
     return out
 
 
-def check_parameters(namespace: dict) -> dict:
-    """Called by the notebook right after its parameters: reject names papermill injected but
+def check_parameters(namespace: dict, contract: dict | None = None) -> dict:
+    """Called by a notebook right after its parameters: reject names papermill injected but
     the notebook does not declare, and wrong types, before any work starts."""
+    parameters = PARAMETERS if contract is None else contract
     injected: dict = {}
     for source in namespace.get("In", []) or []:
         if isinstance(source, str) and source.startswith(_INJECTED_HEADER):
             injected.update(_assigned_names(source))
-    unknown = sorted(set(injected) - set(PARAMETERS))
+    unknown = sorted(set(injected) - set(parameters))
     if unknown:
         raise DiagkitError(f"unknown notebook parameter(s) {', '.join(map(repr, unknown))}; "
-                           f"known: {', '.join(PARAMETERS)}")
-    return validate({name: namespace[name] for name in PARAMETERS if name in namespace})
+                           f"known: {', '.join(parameters)}")
+    return validate({name: namespace[name] for name in parameters if name in namespace},
+                    parameters)
 
 
 def _assigned_names(source: str) -> dict:
