@@ -174,3 +174,14 @@ def test_report_with_nproc_2_shows_the_per_rank_view(tmp_path):
     assert "module.aux.weight" in html and "rank 0: never" in html
     steps = (out / "steps.csv").read_text().splitlines()
     assert steps[0].startswith("rank,step,name,") and steps[0].endswith(",checksum")
+
+
+def test_report_with_a_checkpoint_shows_the_load_report_and_dead_bytes(tmp_path):
+    ckpt = Path(__file__).resolve().parents[1] / "data" / "finetune_heads_pretrain.pt"
+    out = tmp_path / "ft"
+    run = diagkit("report", "diagkit.demos:finetune_heads", "--checkpoint", str(ckpt),
+                  "--steps", "2", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    html = (out / "report.html").read_text()
+    assert "19 tensors loaded" in html and "4 missing from the file" in html
+    assert "dead_weight_in_checkpoint" in html and "18.6 KiB" in html

@@ -37,6 +37,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "findings.json")
     report.add_argument("--show-code", action="store_true", help="show the notebook's code")
 
+    compare = sub.add_parser("compare", help="what changed between two checkpoints")
+    compare.add_argument("checkpoint_a", metavar="CKPT_A", help="the earlier checkpoint")
+    compare.add_argument("checkpoint_b", metavar="CKPT_B", help="the later checkpoint")
+    compare.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
+    compare.add_argument("--out", metavar="DIR",
+                         help="also render notebooks/compare_checkpoints.ipynb to DIR/report.html")
+    compare.add_argument("--trust-checkpoint", action="store_true",
+                         help="allow files that need arbitrary unpickling (runs their code)")
+    compare.add_argument("--fail-on", choices=["error", "warning", "info", "never"],
+                         default="error",
+                         help="exit 1 when a finding is at or above this severity")
+
     demo = sub.add_parser("demo", help="the report on the bundled demo targets")
     demo.add_argument("--out", metavar="DIR", default="out/demo", help="report folder")
     demo.add_argument("--steps", type=_positive_int, default=5, metavar="N")
@@ -123,6 +135,8 @@ def _run(argv) -> int:
         return _check(args)
     if args.command == "report":
         return _report(args)
+    if args.command == "compare":
+        return _compare(args)
     return _demo(args)
 
 
@@ -178,6 +192,30 @@ def _report(args) -> int:
     result = write_report(args.out, {args.target: params}, show_code=args.show_code,
                           title=f"diagkit report: {args.target}")
     return _report_exit(result, args.fail_on)
+
+
+def _compare(args) -> int:
+    _check_writable(args.json, "--json")
+    if args.out:
+        _check_writable(args.out, "--out")
+    from . import compare
+    result = compare.compare_checkpoints(args.checkpoint_a, args.checkpoint_b,
+                                         trust=args.trust_checkpoint)
+    print(result.render_text())
+    if args.json:
+        from .diagnosis import write_json_atomic
+        write_json_atomic(args.json, result.to_json_dict())
+    if args.out:
+        from .report import write_report
+        params = {"checkpoint_a": args.checkpoint_a, "checkpoint_b": args.checkpoint_b,
+                  "trust_checkpoint": args.trust_checkpoint}
+        report = write_report(args.out, {f"{args.checkpoint_a} vs {args.checkpoint_b}": params},
+                              title="diagkit: what changed between two checkpoints",
+                              notebook="compare_checkpoints.ipynb", check=compare.validate)
+        if report.error:
+            return _report_exit(report, "never")
+        print(f"diagkit: report written to {report.html.resolve()}")
+    return EXIT_FINDINGS if args.fail_on != "never" and result.fails(args.fail_on) else EXIT_OK
 
 
 def _demo(args) -> int:
