@@ -8,11 +8,16 @@ from collections import Counter
 from .findings import human_bytes
 
 
+def severity_summary(findings) -> str:
+    """'1 error, 2 warnings' ('' when there are none)."""
+    counts = Counter(f.severity for f in findings)
+    return ", ".join(f"{counts[s]} {s}{'s' if counts[s] != 1 else ''}"
+                     for s in ("error", "warning", "info") if counts[s])
+
+
 def render_findings(diag, width: int = 100) -> str:
     params = diag.params
-    counts = Counter(f.severity for f in diag.findings)
-    summary = ", ".join(f"{counts[s]} {s}{'s' if counts[s] != 1 else ''}"
-                        for s in ("error", "warning", "info") if counts[s])
+    summary = severity_summary(diag.findings)
     lines = [f"diagkit: {len(params)} tensors ({human_bytes(int(params['bytes'].sum()))}), "
              f"{diag.meta.get('steps_observed', 0)} steps observed — "
              f"{summary or 'no findings: every tensor is ok'}"]
