@@ -492,3 +492,43 @@ def test_report_runner_renders_the_compare_notebook(tmp_path):
     assert MEM in page and "<script" not in page
     assert {"comparison.csv", "findings.json", "report.html"} <= {
         p.name for p in (tmp_path / "out").iterdir()}
+
+
+DIAGKIT = str(Path(sys.executable).parent / "diagkit")
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([DIAGKIT, "compare", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+def test_cli_on_the_demo_pair(tmp_path):
+    run = _cli(STEP2, STEP5, "--fail-on", "warning", "--json", tmp_path / "c.json",
+               "--out", tmp_path / "rep")
+    assert run.returncode == 1, run.stderr  # an unchanged subtree is a warning
+    assert MEM in run.stdout and "unchanged" in run.stdout
+    payload = json.loads((tmp_path / "c.json").read_text())
+    row = next(t for t in payload["tensors"] if t["name"] == MEM)
+    assert row["identical"] is True and payload["worst"] == "warning"
+    assert MEM in (tmp_path / "rep" / "report.html").read_text()
+    assert _cli(STEP2, STEP5).returncode == 0  # default --fail-on error
+
+
+@pytest.mark.parametrize("case, words", [
+    ("missing", ["no such checkpoint file"]),
+    ("garbage", ["not a readable"]),
+    ("unrelated", ["no tensor name in common"]),
+])
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, case, words):
+    other = tmp_path / f"{case}.pt"
+    if case == "garbage":
+        other.write_bytes(b"not a checkpoint\n" * 50)
+    elif case == "unrelated":
+        torch.save({"something.else": torch.ones(2)}, other)
+    run = _cli(STEP2, other, "--json", tmp_path / "c.json")
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("diagkit: error:"), run.stderr
+    for word in words:
+        assert word in lines[0]
+    assert not (tmp_path / "c.json").exists()
