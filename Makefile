@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.diagkit-installed
 OUT    ?= out/demo
 
-.PHONY: setup system test demo data clean
+.PHONY: setup system test demo data bench clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,11 @@ test: $(STAMP) system
 
 demo: $(STAMP)
 	$(VENV)/bin/diagkit demo --out $(OUT)
+
+# Overhead of observation (time, memory, report build): prints a table, writes JSON.
+# ~10 min on 2 CPUs; `$(PY) benchmarks/overhead.py --quick` for a smoke run.
+bench: $(STAMP)
+	$(PY) benchmarks/overhead.py --out out/bench.json
 
 # Rebuild the committed demo checkpoint (deterministic).
 data: $(STAMP)
