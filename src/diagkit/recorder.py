@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import traceback
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -125,8 +126,10 @@ class Recorder:
         with torch.no_grad():
             l2 = _norms([g for _, g in own], 2)
             mx = _norms([g for _, g in own], _INF)
-        for (k, _), a, b in zip(own, l2, mx):
+        for (k, g), a, b in zip(own, l2, mx):
             self._fresh_norms[k] = (a, b)
+            if k not in self._fresh:  # measured on .grad itself: reusable if left untouched
+                self._measured_grad[k] = (weakref.ref(g), g._version)
 
     def _optimizer_hook(self, i: int) -> Callable:
         def hook(*_args):
@@ -145,6 +148,7 @@ class Recorder:
         self._carried: dict[int, torch.Tensor] = {}
         self._fresh = {}
         self._fresh_norms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._measured_grad: dict[int, tuple[weakref.ref, int]] = {}
         self._requires_grad = np.zeros(n, dtype=bool)
         self._lr = np.full(n, math.nan)
         self._device_values: dict[str, list[tuple[int, torch.Tensor]]] = {
@@ -195,16 +199,28 @@ class Recorder:
                 self._lr[k] = group_lr(self.optimizers[group[0]].param_groups[group[1]])
         with torch.no_grad():
             grad_idx = [k for k in idx if self.tensors[k].grad is not None]
-            grads = [self.tensors[k].grad for k in grad_idx]
+            # A .grad nothing rewrote since backward ended (no clipping, no unscaling) already
+            # has its norms: skip two passes over it.
+            reused = {k: self._fresh_norms[k] for k in grad_idx if self._untouched(k)}
+            todo = [k for k in grad_idx if k not in reused]
+            grads = [self.tensors[k].grad for k in todo]
             values = self._device_values
-            values["grad_l2"] += zip(grad_idx, _norms(grads, 2))
-            values["grad_max"] += zip(grad_idx, _norms(grads, _INF))
+            values["grad_l2"] += zip(todo, _norms(grads, 2))
+            values["grad_max"] += zip(todo, _norms(grads, _INF))
+            values["grad_l2"] += [(k, pair[0]) for k, pair in reused.items()]
+            values["grad_max"] += [(k, pair[1]) for k, pair in reused.items()]
         for k in idx:
             if k in self._fresh_norms:
                 l2, mx = self._fresh_norms.pop(k)
                 values["fresh_l2"].append((k, l2))
                 values["fresh_max"].append((k, mx))
             self._fresh.pop(k, None)
+
+    def _untouched(self, k: int) -> bool:
+        source = self._measured_grad.get(k)
+        grad = self.tensors[k].grad
+        return (source is not None and k in self._fresh_norms and source[0]() is grad
+                and grad._version == source[1])
 
     def _store(self, delta_l2, delta_max, other_changed, sums) -> None:
         keyed = list(self._device_values.items()) + [("carried", list(self._carried.items()))]
@@ -345,14 +361,13 @@ def _fingerprint(t: torch.Tensor) -> torch.Tensor:
 
 
 def _readback(values: list) -> np.ndarray:
-    """One host transfer per device for all of a step's scalars."""
+    """One host transfer per device (and dtype) for all of a step's scalars."""
     out = np.empty(len(values), dtype=np.float64)
-    by_device: dict[torch.device, list[int]] = {}
+    groups: dict[tuple, list[int]] = {}
     for i, v in enumerate(values):
-        by_device.setdefault(v.device, []).append(i)
-    for idx in by_device.values():
-        stacked = torch.stack([values[i].to(torch.float32) for i in idx]).cpu().numpy()
-        out[idx] = stacked
+        groups.setdefault((v.device, v.dtype), []).append(i)
+    for idx in groups.values():
+        out[idx] = torch.stack([values[i] for i in idx]).cpu().numpy()
     return out
 
 
