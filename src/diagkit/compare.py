@@ -534,7 +534,7 @@ TABLE_COLUMNS = ("name", "status", "shape", "dtype", "bytes", "relative_change",
 def table_styler(cmp: Comparison, limit: int = 200):
     """One row per tensor, problems first, as a pandas Styler: names escaped, numbers with 3
     significant digits, at most `limit` rows (the caption says how many were left out)."""
-    from .tables import SEVERITY_COLORS, _number
+    from .tables import SEVERITY_COLORS, _number, style_rows
     t = cmp.table
     order = _ordered(t)
     shown = t.iloc[order[:max(int(limit), 0)]]
@@ -553,22 +553,11 @@ def table_styler(cmp: Comparison, limit: int = 200):
     view.loc[shown["relative_change"].to_numpy() == math.inf, "relative_change"] = "from 0"
     severity = _status_severity(cmp)
     colours = [SEVERITY_COLORS[severity[s]] for s in view["status"]]
-
-    def colour(_column):
-        return [f"background-color:{bg};color:{fg}" for bg, fg in colours]
-
     caption = f"{len(t)} tensors"
     if len(shown) < len(t):
         caption = (f"{len(shown)} of {len(t)} tensors shown, problems first, then the largest "
                    f"relative changes; comparison.csv has them all.")
-    return (view.style.format(escape="html")
-            .apply(colour, subset=["status"])
-            .hide(axis="index")
-            .set_caption(caption)
-            .set_table_styles([
-                {"selector": "td", "props": "text-align:right;padding:2px 6px"},
-                {"selector": "td.col0, td.col1", "props": "text-align:left"},
-                {"selector": "caption", "props": "caption-side:top;text-align:left"}]))
+    return style_rows(view, colours, "status", caption)
 
 
 def change_figure(cmp: Comparison, max_labels: int = 40):

@@ -256,18 +256,23 @@ def wiring_table(params: pd.DataFrame, limit: int = 200):
         "shape": p["shape"].map(lambda s: "×".join(map(str, s)) if len(s) else "scalar"),
         "module_type": p["module_type"].fillna("").astype(str),
     }, columns=list(WIRING_COLUMNS)).reset_index(drop=True).astype(object)
-    severity = row_severity(p).reset_index(drop=True)
-
-    def colour(_column: pd.Series) -> list[str]:
-        return [f"background-color:{SEVERITY_COLORS[s][0]};color:{SEVERITY_COLORS[s][1]}"
-                for s in severity]
-
+    colours = [SEVERITY_COLORS[s] for s in row_severity(p).reset_index(drop=True)]
     caption = f"{len(params)} tensors"
     if left_out:
         caption = (f"{len(show)} of {len(params)} tensors shown: every flagged tensor, then the "
                    f"largest others. {left_out} rows left out; params.csv has them all.")
-    return (show.style.format(escape="html")
-            .apply(colour, subset=["verdicts"])
+    return style_rows(show, colours, "verdicts", caption)
+
+
+def style_rows(view: pd.DataFrame, colours: list[tuple[str, str]], column: str,
+               caption: str):
+    """The report's table look: escaped cells, one column coloured per row by severity,
+    numbers right-aligned, the first two columns (names) left-aligned, a caption on top."""
+    def colour(_column: pd.Series) -> list[str]:
+        return [f"background-color:{bg};color:{fg}" for bg, fg in colours]
+
+    return (view.style.format(escape="html")
+            .apply(colour, subset=[column])
             .hide(axis="index")
             .set_caption(caption)
             .set_table_styles([
