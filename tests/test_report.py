@@ -38,7 +38,7 @@ def diagkit(*args, cwd=None):
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo") / "report"
+    out = tmp_path_factory.mktemp("demo") / "out" / "demo"  # parents created, as by make demo
     run = diagkit("demo", "--out", str(out), "--steps", "3")
     assert run.returncode == 0, run.stderr
     return out, run

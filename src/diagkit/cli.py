@@ -157,13 +157,18 @@ def _check_writable(path: str | None, option: str) -> None:
     if path is None:
         return
     target = Path(path)
+    if option == "--out":  # a report folder is created with its parents
+        if target.exists() and not target.is_dir():
+            raise DiagkitError(f"{option} {path} exists and is not a folder")
+        blocker = next((p for p in target.resolve().parents if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise DiagkitError(f"{option} {path}: {blocker} is not a folder")
+        return
     parent = target.resolve().parent
     if not parent.is_dir():
         raise DiagkitError(f"{option} {path}: folder {parent} does not exist")
     if option == "--json" and target.is_dir():
         raise DiagkitError(f"{option} {path} is a folder; give a file name")
-    if option == "--out" and target.exists() and not target.is_dir():
-        raise DiagkitError(f"{option} {path} exists and is not a folder")
     if option == "--save":  # save replaces the folder: only one diagkit wrote, or an empty one
         from .diagnosis import check_replaceable_dir
         check_replaceable_dir(target, marker="run.json")
