@@ -183,19 +183,21 @@ def findings_table(findings) -> str:
         where = f.module or ("(whole model)" if f.count else "—")
         rows.append(
             f'<tr class="{esc(f.severity)}">'
-            f'<td style="background:{bg};color:{fg};font-weight:bold">{esc(f.severity)}</td>'
-            f"<td>{esc(f.code)}</td><td class='where'>{esc(where)}</td>"
-            f"<td style='text-align:right'>{int(f.count or 0)}</td>"
-            f"<td style='text-align:right;white-space:nowrap'>{human_bytes(int(f.bytes or 0))}"
-            f"</td><td>{_prose(f.message)}</td>"
-            f"<td><code style='white-space:pre-wrap'>{esc(f.fix)}</code></td></tr>")
-    head = "".join(f"<th>{h}</th>" for h in
+            f'<td style="background:{bg};color:{fg};font-weight:bold;{_LEFT}">'
+            f"{esc(f.severity)}</td><td style='{_LEFT}'>{esc(f.code)}</td>"
+            f"<td style='{_LEFT};min-width:12em;overflow-wrap:anywhere'>{esc(where)}</td>"
+            f"<td style='text-align:right;vertical-align:top'>{int(f.count or 0)}</td>"
+            f"<td style='text-align:right;vertical-align:top;white-space:nowrap'>"
+            f"{human_bytes(int(f.bytes or 0))}</td><td style='{_LEFT}'>{_prose(f.message)}</td>"
+            f"<td style='{_LEFT}'><code style='white-space:pre-wrap'>{esc(f.fix)}</code></td></tr>")
+    # Inline styles: the notebook's own CSS right-aligns table cells and would win over a class.
+    head = "".join(f"<th style='{_LEFT}'>{h}</th>" for h in
                    ("severity", "verdict", "where", "tensors", "bytes", "finding", "fix"))
-    style = ("<style>.diagkit-findings td,.diagkit-findings th{text-align:left;"
-             "vertical-align:top}.diagkit-findings td.where{min-width:12em;"
-             "overflow-wrap:anywhere}</style>")
-    return (f'{style}<table class="diagkit-findings"><thead><tr>{head}</tr></thead>'
+    return (f'<table class="diagkit-findings"><thead><tr>{head}</tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+_LEFT = "text-align:left;vertical-align:top"
 
 
 # ------------------------------------------------------------------ every tensor
