@@ -156,14 +156,14 @@ def _setup(model, opt, batch_fn, loss_fn):
 
 
 def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool) -> dict:
-    from diagkit.api import _step_function, judge_run
+    from diagkit.api import step_function, judge_run
     from diagkit.inventory import take_inventory
     from diagkit.recorder import Recorder
     from diagkit.state import SavedState
 
     model, opt, batch_fn, loss_fn = build(kind, cfg)
     setup = _setup(model, opt, batch_fn, loss_fn)
-    step = _step_function(setup)  # the exact loop diagnose() runs (SPEC 2.1)
+    step = step_function(setup)  # the exact loop diagnose() runs (SPEC 2.1)
     for i in range(2):  # warm-up: allocator, AdamW state, .grad buffers
         step(i)
 
@@ -266,11 +266,11 @@ def memory_child(kind: str, cfg: dict, variant: str, steps: int) -> dict:
     variant; report the peak resident set (ru_maxrss, KiB on Linux)."""
     torch.set_num_threads(1)
     import diagkit
-    from diagkit.api import _step_function, observe
+    from diagkit.api import step_function, observe
 
     model, opt, batch_fn, loss_fn = build(kind, cfg)
     setup = _setup(model, opt, batch_fn, loss_fn)
-    step = _step_function(setup)
+    step = step_function(setup)
     step(0)  # AdamW state and .grad exist, as in the middle of a training run
     warm_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     warm_hwm = _vm_hwm_kib()

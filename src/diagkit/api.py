@@ -61,7 +61,7 @@ def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
     started = time.perf_counter()
     try:
         recorder.attach()
-        failure = run_steps(recorder, _step_function(setup), n_steps)
+        failure = run_steps(recorder, step_function(setup), n_steps)
     finally:
         recorder.detach()
         if saved is not None:
@@ -106,7 +106,7 @@ def _as_setup(model, optimizer, batch_fn, loss_fn, train_step, zero_grad_set_to_
                  lr_scheduler=lr_scheduler)
 
 
-def _step_function(setup: Setup):
+def step_function(setup: Setup):
     if setup.train_step is not None:
         return setup.train_step
 

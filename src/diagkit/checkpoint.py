@@ -142,7 +142,7 @@ def load_checkpoint(model: torch.nn.Module, path, trust: bool = False,
     obj = read_checkpoint(path, trust)
     state = find_state_dict(obj, str(path))
     own = model.state_dict()
-    state = _align_prefix(state, set(own))
+    state = align_prefix(state, set(own))
     names = set(state) & set(own)
     mismatched = [{"name": n, "file": tuple(state[n].shape), "model": tuple(own[n].shape)}
                   for n in sorted(names) if state[n].shape != own[n].shape]
@@ -190,7 +190,7 @@ def _load_optimizer_state(model, optimizers, saved: dict) -> dict:
                            f"{current}"}
 
 
-def _align_prefix(state: dict, wanted: set) -> dict:
+def align_prefix(state: dict, wanted: set) -> dict:
     if set(state) & wanted:
         return state
     stripped = {k.removeprefix("module."): v for k, v in state.items()}

@@ -249,8 +249,8 @@ def _report_exit(result, fail_on: str) -> int:
 
 def _precheck_target(spec: str, kwargs: dict, checkpoint: str | None) -> None:
     """Fail in one line before a kernel starts: the target must import and accept its args."""
-    from .target import _check_kwargs, resolve_target
-    _check_kwargs(resolve_target(spec), spec, kwargs)
+    from .target import check_kwargs, resolve_target
+    check_kwargs(resolve_target(spec), spec, kwargs)
     if checkpoint and not Path(checkpoint).is_file():
         raise DiagkitError(f"no such checkpoint file: {checkpoint}")
 

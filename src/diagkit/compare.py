@@ -29,10 +29,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .checkpoint import _align_prefix, _short, find_state_dict, read_checkpoint
-from .diagnosis import Diagnosis, _records, to_jsonable, write_json_atomic
+from .checkpoint import align_prefix, _short, find_state_dict, read_checkpoint
+from .diagnosis import Diagnosis, records, to_jsonable, write_json_atomic
 from .errors import DiagkitError
-from .findings import Finding, _subtrees, _what, human_bytes, sort_findings
+from .findings import Finding, subtrees, _what, human_bytes, sort_findings
 from .text import severity_summary
 
 CHUNK = 1 << 18  # elements of one tensor read, compared and released at a time
@@ -295,7 +295,7 @@ class Comparison:
 
     def to_json_dict(self) -> dict:
         """Strict JSON (NaN and inf become null): summary, one object per tensor, findings."""
-        return to_jsonable({"summary": self.summary, "tensors": _records(self.table),
+        return to_jsonable({"summary": self.summary, "tensors": records(self.table),
                             "findings": [f.to_dict() for f in self.findings],
                             "worst": self.worst()})
 
@@ -346,7 +346,7 @@ def compare_checkpoints(path_a, path_b, trust: bool = False) -> Comparison:
     b = _open(path_b, trust)
     try:
         keys_a = {k: k for k in a.keys()}
-        keys_b = _align_prefix({k: k for k in b.keys()}, set(keys_a))
+        keys_b = align_prefix({k: k for k in b.keys()}, set(keys_a))
         if not set(keys_a) & set(keys_b):
             raise DiagkitError(
                 f"checkpoints {path_a} and {path_b} have no tensor name in common "
@@ -397,13 +397,13 @@ LAYER_LEAVES = {"weight", "bias", "running_mean", "running_var", "num_batches_tr
 
 
 def _groups(table: pd.DataFrame, universe: pd.Series, flagged: pd.Series):
-    """(label, rows) per module subtree, as a diagnosis groups a verdict (findings._subtrees);
+    """(label, rows) per module subtree, as a diagnosis groups a verdict (findings.subtrees);
     `universe` is the set of tensors a subtree must be whole within."""
     frame = table[universe].reset_index(drop=True).assign(in_model=True)
     hits = flagged[universe].to_numpy(dtype=bool)
     if not hits.any():
         return
-    for label, rows, whole in _subtrees(frame, hits):
+    for label, rows, whole in subtrees(frame, hits):
         group = frame.iloc[rows].copy()
         group.attrs["whole"] = whole
         yield label, group

@@ -44,7 +44,7 @@ class Diagnosis:
 
     def to_json_dict(self) -> dict:
         return {
-            "params": _records(self.params),
+            "params": records(self.params),
             "findings": [f.to_dict() for f in self.findings],
             "advice": self.advice,
             "failure": dataclasses.asdict(self.failure) if self.failure else None,
@@ -164,7 +164,7 @@ def to_jsonable(obj):
     return str(obj)
 
 
-def _records(df: pd.DataFrame) -> list[dict]:
+def records(df: pd.DataFrame) -> list[dict]:
     return [to_jsonable(row) for row in df.to_dict(orient="records")]
 
 

@@ -61,7 +61,7 @@ def build_findings(params: pd.DataFrame, steps: pd.DataFrame,
         flagged = verdicts.map(lambda vs, c=code: c in vs).to_numpy(dtype=bool)
         if not flagged.any():
             continue
-        for label, rows, whole in _subtrees(params, flagged):
+        for label, rows, whole in subtrees(params, flagged):
             group = params.iloc[rows].copy()
             group.attrs["whole"] = whole
             message, fix = _EXPLAIN.get(code, _explain_generic)(code, label, group, steps)
@@ -84,7 +84,7 @@ def _ancestors(module: str) -> list[str]:
 MAX_GROUPS = 6  # past this many groups for one verdict, coarsen to broader subtrees
 
 
-def _subtrees(params: pd.DataFrame, flagged: np.ndarray) -> list[tuple[str, list[int], bool]]:
+def subtrees(params: pd.DataFrame, flagged: np.ndarray) -> list[tuple[str, list[int], bool]]:
     """Group flagged rows under the highest module whose whole subtree is flagged.
 
     Returns (label, rows, whole). Scattered hits (every bias, say) would give one group per

@@ -123,7 +123,7 @@ def _tname(value) -> str:
 def load_target(spec: str, **kwargs) -> Setup:
     """Import `"package.module:function"` or `"path/to/file.py:function"` and call it."""
     fn = resolve_target(spec)
-    _check_kwargs(fn, spec, kwargs)
+    check_kwargs(fn, spec, kwargs)
     try:
         result = fn(**kwargs)
     except TargetError:
@@ -176,7 +176,7 @@ def _import_file(path: str):
     return module
 
 
-def _check_kwargs(fn: Callable, spec: str, kwargs: dict) -> None:
+def check_kwargs(fn: Callable, spec: str, kwargs: dict) -> None:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):

@@ -121,7 +121,7 @@ def _measure_cost(setup, obs, spec) -> dict | None:
     Only when every rank saw every trainable tensor used on every step (else False is not an
     option) and the standard loop is used (a train_step closes over its own model).
     """
-    from .api import _step_function
+    from .api import step_function
 
     steps = obs.steps
     rg = steps[steps["requires_grad"]]
@@ -137,7 +137,7 @@ def _measure_cost(setup, obs, spec) -> dict | None:
         fup = (i % 2 == 0)
         ddp = DDP(module, find_unused_parameters=fup)
         setup.model = ddp
-        step = _step_function(setup)
+        step = step_function(setup)
         step(0)  # warm-up: DDP builds its buckets on the first iteration
         dist.barrier()
         started = time.perf_counter()
