@@ -46,7 +46,11 @@ def read_checkpoint(path, trust: bool = False):
             raise DiagkitError(f"checkpoint {path} needs arbitrary unpickling (it can run code) "
                                f"and was refused; if you trust its source, pass {TRUST_FLAG}"
                                ) from None
-        raise DiagkitError(f"checkpoint {path} is not a readable PyTorch file: {_short(exc)}"
+        # torch's text starts with advice to load with weights_only=False: not for a bad file
+        detail = re.search(r"WeightsUnpickler error:\s*(.*?)\s*(?:Check the documentation|$)",
+                           str(exc), re.S)
+        raise DiagkitError(f"checkpoint {path} is not a readable PyTorch file (not a checkpoint, "
+                           f"or damaged): {_short(detail.group(1)) if detail else _short(exc)}"
                            ) from None
     except Exception as exc:  # truncated zip, not a checkpoint at all, ...
         raise DiagkitError(f"checkpoint {path} is not a readable PyTorch file: "
