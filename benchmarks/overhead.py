@@ -370,7 +370,6 @@ def synthetic_tables(n_tensors: int, n_steps: int, seed: int = 0):
         "requires_grad": np.ones(n * n_steps, dtype=bool),
         "used": used,
         "grad_norm": np.where(used, grad, np.nan),
-        "grad_max": np.where(used, grad / 10, np.nan),
         "grad_total_norm": np.where(used, grad_total, np.nan),
         "carried_grad": np.tile(orphan, n_steps) & (np.repeat(np.arange(n_steps), n) > 0),
         "delta_norm": delta,

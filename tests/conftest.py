@@ -26,7 +26,6 @@ STEP_DEFAULTS = {
     "requires_grad": True,
     "used": True,
     "grad_norm": 1.0,
-    "grad_max": 0.5,
     "grad_total_norm": 1.0,
     "carried_grad": False,
     "delta_norm": 0.01,
@@ -59,7 +58,7 @@ class T:
             row = {"step": i, "name": self.name}
             row.update({col: per_step[col][i] for col in _PER_STEP})
             unused = not row["used"]
-            for col in ("grad_norm", "grad_max"):  # no gradient on the step: NaN unless stated
+            for col in ("grad_norm",):  # no gradient on the step: NaN unless stated
                 if unused and not isinstance(self.values.get(col), list):
                     row[col] = math.nan
             rows.append(row)

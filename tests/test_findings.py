@@ -165,7 +165,7 @@ def test_every_finding_has_a_message_and_a_fix():
         T("d", carried_grad=[False, True, False]),
         T("e", requires_grad=False, used=False, changed=False),
         T("f", requires_grad=[True, False], used=[True, False], changed=[True, True]),
-        T("g", changed=False), T("h", grad_norm=0.0, grad_max=0.0),
+        T("g", changed=False), T("h", grad_norm=0.0),
         T("i", nonfinite=[False, True, False]),
         T("j.bias", weight_decay=0.1), T("k", n_optimizers=2, memberships=((0, 0), (1, 0))),
         T("<optimizer 1 group 0 #0>", in_model=False, module=""))

@@ -91,7 +91,6 @@ def synthetic(n_tensors: int = 2000, n_steps: int = 200, n_top: int = 25):
         "requires_grad": True,
         "used": np.tile(used, n_steps),
         "grad_norm": grad.ravel(),
-        "grad_max": (grad / 3).ravel(),
         "grad_total_norm": total.ravel(),
         "carried_grad": carried.ravel(),
         "delta_norm": (ratio * 10).ravel(),

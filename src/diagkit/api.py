@@ -8,6 +8,7 @@ import time
 import pandas as pd
 import torch
 
+from .delta import DEFAULT_SAMPLE, check_mode
 from .diagnosis import Diagnosis
 from .errors import DiagkitError
 from .findings import build_advice, build_findings
@@ -21,15 +22,19 @@ from .verdicts import judge
 
 def diagnose(model, optimizer=None, *, batch_fn=None, loss_fn=None, train_step=None,
              steps: int | None = None, zero_grad_set_to_none: bool | None = None,
-             lr_scheduler=None, restore: bool = True) -> Diagnosis:
+             lr_scheduler=None, restore: bool = True, delta: str = "exact", every: int = 1,
+             sample: int = DEFAULT_SAMPLE) -> Diagnosis:
     """Run `steps` real training steps under observation and judge every tensor.
 
     `model` may also be a `Setup` (from `load_target`), which then supplies everything else.
     With `restore=True` the model, buffers, optimizers, grads and RNG states come back bitwise.
+    `delta`: how each step's change is measured ("exact", or "sampled" / "off" for models that
+    do not fit twice in memory; see `diagkit.delta`); all three give the same verdicts.
+    `every`: observe only steps 0, every, 2*every, ... of a long run (the others run as usual).
     """
     setup = _as_setup(model, optimizer, batch_fn, loss_fn, train_step, zero_grad_set_to_none,
                       lr_scheduler)
-    run = observe(setup, steps, restore=restore)
+    run = observe(setup, steps, restore=restore, delta=delta, every=every, sample=sample)
     return judge_run(run.rows, run.steps, run.failure, run.meta)
 
 
@@ -44,24 +49,28 @@ class Observation:
 
 
 def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
-            checksums: bool = False, on_progress=None) -> Observation:
+            checksums: bool = False, on_progress=None, delta: str = "exact", every: int = 1,
+            sample: int = DEFAULT_SAMPLE) -> Observation:
     """Measure only: run the steps under hooks and return the tables (no judging)."""
     n_steps = steps if steps is not None else (setup.steps or DEFAULT_STEPS)
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
         raise DiagkitError(f"steps must be a positive int, got {n_steps!r}")
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise DiagkitError(f"every must be a positive int, got {every!r}")
+    check_mode(delta, sample)
 
     inventory = take_inventory(setup.model, setup.optimizers)
     if not inventory.tensors:
         raise DiagkitError("the model has no parameters and the optimizers hold none: "
                            "nothing to diagnose")
     recorder = Recorder(inventory, setup.optimizers, checksums=checksums,
-                        on_progress=on_progress)
+                        on_progress=on_progress, delta=delta, sample=sample)
     saved = (SavedState(setup.model, inventory.tensors, setup.optimizers, setup.lr_scheduler)
              if restore else None)
     started = time.perf_counter()
     try:
         recorder.attach()
-        failure = run_steps(recorder, step_function(setup), n_steps)
+        failure = run_steps(recorder, step_function(setup), n_steps, every=every)
     finally:
         recorder.detach()
         if saved is not None:
@@ -73,6 +82,9 @@ def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
         "seconds": round(time.perf_counter() - started, 4),
         "torch": torch.__version__,
         "restored": restore,
+        "delta": delta,
+        "every": every,
+        **({"sample": sample} if delta != "exact" else {}),
     }
     return Observation(inventory.rows, recorder.steps_table(), failure, meta)
 
@@ -130,24 +142,27 @@ def step_function(setup: Setup):
 
 def run_target(target: str, target_args: dict | None = None, *, steps: int | None = None,
                checkpoint: str | None = None, trust_checkpoint: bool = False, nproc: int = 1,
-               timeout: float = 120) -> Diagnosis:
+               timeout: float = 120, delta: str = "exact", every: int = 1) -> Diagnosis:
     """What `diagkit check`, `diagkit report` and the notebook run: a target, optionally a
     checkpoint loaded into it first, in this process or under torch.distributed."""
     from .checkpoint import audit, audit_finding, load_checkpoint, load_findings
     from .findings import sort_findings
 
+    check_mode(delta, DEFAULT_SAMPLE)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise DiagkitError(f"every must be a positive int, got {every!r}")
     if nproc > 1:
         from .distributed import diagnose_distributed
         diag = diagnose_distributed(target, target_args, nproc=nproc, steps=steps,
                                     checkpoint=checkpoint, trust_checkpoint=trust_checkpoint,
-                                    timeout=timeout)
+                                    timeout=timeout, delta=delta, every=every)
         report = diag.checkpoint
     else:
         from .target import load_target
         setup = load_target(target, **(target_args or {}))
         report = (load_checkpoint(setup.model, checkpoint, trust=trust_checkpoint,
                                   optimizers=setup.optimizers) if checkpoint else None)
-        diag = diagnose(setup, steps=steps)
+        diag = diagnose(setup, steps=steps, delta=delta, every=every)
     if report is None:
         return diag
     from .checkpoint import LoadReport

@@ -63,6 +63,12 @@ def _target_options(p: argparse.ArgumentParser) -> None:
                         "literal or a plain string")
     p.add_argument("--steps", type=_positive_int, metavar="N",
                    help="training steps to observe (default: the target's, else 5)")
+    p.add_argument("--delta", choices=["exact", "sampled", "off"], default="exact",
+                   help="how each step's change is measured: exact (a copy of every tensor), "
+                        "sampled (bounded memory: exact changed/unchanged, estimated norms) "
+                        "or off (no change norms); all give the same verdicts")
+    p.add_argument("--every", type=_positive_int, default=1, metavar="K",
+                   help="observe only every K-th step (0, K, 2K, ...) of a long run")
     p.add_argument("--checkpoint", metavar="PATH",
                    help="load this checkpoint into the model first (weights_only=True)")
     p.add_argument("--trust-checkpoint", action="store_true",
@@ -149,7 +155,7 @@ def _diagnose_target(args):
     from .api import run_target
     return run_target(args.target, kwargs, steps=args.steps, checkpoint=args.checkpoint,
                       trust_checkpoint=args.trust_checkpoint, nproc=args.nproc,
-                      timeout=args.timeout)
+                      timeout=args.timeout, delta=args.delta, every=args.every)
 
 
 def _check_writable(path: str | None, option: str) -> None:
@@ -192,7 +198,8 @@ def _report(args) -> int:
     _precheck_target(args.target, kwargs, args.checkpoint)
     params = {"target": args.target, "target_args": kwargs, "checkpoint": args.checkpoint or "",
               "trust_checkpoint": args.trust_checkpoint, "steps": args.steps or 5,
-              "nproc": args.nproc, "timeout": args.timeout}
+              "nproc": args.nproc, "timeout": args.timeout, "delta": args.delta,
+              "every": args.every}
     from .report import write_report
     result = write_report(args.out, {args.target: params}, show_code=args.show_code,
                           title=f"diagkit report: {args.target}")

@@ -30,7 +30,8 @@ _DDP_REDUCTION_ERROR = "Expected to have finished reduction"
 def diagnose_distributed(target: str, target_args: dict | None = None, *, nproc: int = 2,
                          steps: int | None = None, checkpoint: str | None = None,
                          trust_checkpoint: bool = False,
-                         timeout: float = DEFAULT_TIMEOUT, measure_cost: bool = True):
+                         timeout: float = DEFAULT_TIMEOUT, measure_cost: bool = True,
+                         delta: str = "exact", every: int = 1):
     """Diagnose `target` in `nproc` processes of one torch.distributed job."""
     from .api import judge_run
     from .target import DEFAULT_STEPS
@@ -40,6 +41,7 @@ def diagnose_distributed(target: str, target_args: dict | None = None, *, nproc:
     with tempfile.TemporaryDirectory(prefix="diagkit-ddp-") as tmp:
         run_dir = Path(tmp)
         spec = {"run_dir": str(run_dir), "target": target, "target_args": target_args or {},
+                "delta": delta, "every": every,
                 "steps": steps or DEFAULT_STEPS, "checkpoint": checkpoint, "trust": trust_checkpoint,
                 # collectives wait longer than our deadline, so the deadline names the stuck rank
                 "collective_timeout": timeout + 60.0, "measure_cost": measure_cost}

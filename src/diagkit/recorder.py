@@ -12,17 +12,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import traceback
-import weakref
 from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 import torch
 
+from .delta import DEFAULT_SAMPLE, make_probe
 from .inventory import Inventory, group_lr
+from .kernels import Buckets, Pending, checksum, exact_norm, max_abs, norms
 from .schema import STEPS_COLUMNS
-
-_INF = float("inf")
 
 
 @dataclasses.dataclass
@@ -36,7 +35,8 @@ class StepFailure:
 
 class Recorder:
     def __init__(self, inventory: Inventory, optimizers: list[torch.optim.Optimizer],
-                 checksums: bool = False, on_progress: Callable | None = None):
+                 checksums: bool = False, on_progress: Callable | None = None,
+                 delta: str = "exact", sample: int = DEFAULT_SAMPLE):
         self.inv = inventory
         self.checksums = checksums  # a value fingerprint per tensor and step, to compare ranks
         self.on_progress = on_progress  # on_progress(event, step, recorder): a watchdog's feed
@@ -46,21 +46,26 @@ class Recorder:
         self._handles: list = []
         self._active = False
         self._records: list[dict[str, np.ndarray]] = []
+        self._step_ids: list[int] = []
         self.losses: list[float] = []
-        # Tensors the foreach fast path can diff; others (integer, bool) are compared one by one.
-        self._float_idx = [k for k, t in enumerate(self.tensors) if t.is_floating_point()]
-        self._other_idx = [k for k, t in enumerate(self.tensors) if not t.is_floating_point()]
         # Which tensors each optimizer holds: their .grad is read when that optimizer steps.
-        self._held_by = [[k for k, row in enumerate(inventory.rows)
-                          if any(i == o for o, _ in row["memberships"])]
+        self._held_by = [np.array([k for k, row in enumerate(inventory.rows)
+                                   if any(i == o for o, _ in row["memberships"])], dtype=np.int64)
                          for i in range(len(optimizers))]
-        self._before: list[torch.Tensor] = []
+        self._groups = sorted({g for g in inventory.first_group if g is not None})
+        self._group_of = np.array([-1 if g is None else self._groups.index(g)
+                                   for g in inventory.first_group], dtype=np.int64)
+        held = {int(k) for ks in self._held_by for k in ks}
+        likely_static = {k for k, t in enumerate(self.tensors)
+                         if not t.requires_grad or k not in held}
+        self.probe = make_probe(delta, self.tensors, likely_static, sample)
+        self._zero_grad_expected: set[int] = set()
+        self._grad_buckets = Buckets(self.tensors)
         self._fresh: dict[int, torch.Tensor] = {}
 
     # ----------------------------------------------------------------- hooks
     def attach(self) -> None:
-        self._before = [torch.empty_like(t, memory_format=torch.preserve_format)
-                        for t in self.tensors]
+        self.probe.attach()
         for k, t in enumerate(self.tensors):
             self._hook_tensor(k, t)
         for i, opt in enumerate(self.optimizers):
@@ -71,17 +76,22 @@ class Recorder:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._before = []
+        self.probe.detach()
+        self._grad_buckets.clear()
         self._fresh = {}
 
     def _hook_tensor(self, k: int, t: torch.Tensor) -> None:
-        """Hook every tensor, frozen ones too: a tensor unfrozen mid-run must be observed."""
+        """Hook every tensor, frozen ones too: a tensor unfrozen mid-run must be observed.
+
+        One hook per tensor: it fires as autograd accumulates into the leaf, which is what
+        `used` means (and what DDP watches). Fewer Python calls per backward is most of what
+        keeps models with thousands of small tensors cheap to observe.
+        """
         was = t.requires_grad
         try:
             if not was:
                 t.requires_grad_(True)
             self._handles.append(t.register_hook(self._pre_hook(k)))
-            self._handles.append(t.register_post_accumulate_grad_hook(self._post_hook(k)))
         except RuntimeError:  # not a leaf we can hook: observed through values only
             pass
         finally:
@@ -94,42 +104,39 @@ class Recorder:
                 return None
             if not self._backward_queued:
                 if not self._touched and self.on_progress is not None:
-                    self.on_progress("backward", len(self._records), self)
+                    self.on_progress("backward", self._step, self)
                 # Measure this backward's gradients when it ends: after every accumulation,
                 # before anything (clipping, unscaling) rewrites .grad in place.
                 self._backward_queued = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
             self._touched.add(k)
-            if not self._seen[k]:
-                self._seen[k] = True
+            if not self._used[k]:
+                self._used[k] = True
                 current = self.tensors[k].grad
                 if current is not None:
                     # Landing on an existing .grad: keep this step's own gradient apart.
-                    self._carried[k] = _max_abs(current)
+                    self._carried[k] = max_abs(current)
                     self._fresh[k] = grad
             elif k in self._fresh:
                 self._fresh[k] = self._fresh[k] + grad
             return None
         return hook
 
-    def _post_hook(self, k: int) -> Callable:
-        def hook(_tensor):
-            if self._active:
-                self._used[k] = True
-        return hook
-
     def _on_backward_end(self) -> None:
         self._backward_queued = False
         touched, self._touched = sorted(self._touched), set()
-        own = [(k, self._fresh[k] if k in self._fresh else self.tensors[k].grad) for k in touched]
-        own = [(k, g) for k, g in own if g is not None]
+        fresh, tensors = self._fresh, self.tensors
+        own = {k: fresh[k] if k in fresh else tensors[k].grad for k in touched}
+        own = {k: g for k, g in own.items() if g is not None}
         with torch.no_grad():
-            l2 = _norms([g for _, g in own], 2)
-            mx = _norms([g for _, g in own], _INF)
-        for (k, g), a, b in zip(own, l2, mx):
-            self._fresh_norms[k] = (a, b)
-            if k not in self._fresh:  # measured on .grad itself: reusable if left untouched
-                self._measured_grad[k] = (weakref.ref(g), g._version)
+            self._fresh_parts += self._grad_buckets.norms(own)
+            for k in self._zero_grad_expected.intersection(own):
+                self._fresh_zero[k] = max_abs(own[k])  # confirm an exact zero in the same read
+        self._fresh_src.update(own)
+        measured = self._measured_grad
+        for k, g in own.items():
+            if k not in fresh:  # measured on .grad itself: reusable if left untouched
+                measured[k] = (g, g._version)
 
     def _optimizer_hook(self, i: int) -> Callable:
         def hook(*_args):
@@ -138,147 +145,150 @@ class Recorder:
         return hook
 
     # ----------------------------------------------------------------- steps
-    def begin_step(self) -> None:
+    def begin_step(self, step: int | None = None, consecutive: bool = False) -> None:
+        """Start observing a step. `consecutive`: nothing ran since the last `end_step`."""
         n = self.n
+        self._step = len(self._records) if step is None else step
         self._used = [False] * n
-        self._seen = [False] * n
-        self._snapped = [False] * n
+        self._snapped = np.zeros(n, dtype=bool)
         self._touched: set[int] = set()
         self._backward_queued = False
         self._carried: dict[int, torch.Tensor] = {}
         self._fresh = {}
-        self._fresh_norms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._measured_grad: dict[int, tuple[weakref.ref, int]] = {}
+        self._fresh_parts: list[tuple[list[int], object]] = []
+        self._fresh_src: dict[int, torch.Tensor] = {}
+        self._fresh_zero: dict[int, torch.Tensor] = {}
+        self._measured_grad: dict[int, tuple[torch.Tensor, int]] = {}
         self._requires_grad = np.zeros(n, dtype=bool)
         self._lr = np.full(n, math.nan)
-        self._device_values: dict[str, list[tuple[int, torch.Tensor]]] = {
-            "grad_l2": [], "grad_max": [], "fresh_l2": [], "fresh_max": []}
-        with torch.no_grad():
-            self._before_norm = _norms([self.tensors[k] for k in self._float_idx], 2)
-            _copy_all(self._before, self.tensors)
+        self._grad_l2: dict[int, torch.Tensor] = {}
+        self._grad_same: list[int] = []  # .grad norms equal to the fresh ones (untouched)
+        self.probe.begin(consecutive=consecutive)
         self._active = True
         if self.on_progress is not None:
-            self.on_progress("begin", len(self._records), self)
+            self.on_progress("begin", self._step, self)
 
     def abort_step(self) -> None:
         """The user's step raised: drop its partial observations."""
         self._active = False
         self._fresh = {}
+        self._fresh_src = {}
+        self._measured_grad = {}
 
     def end_step(self, loss=None) -> None:
-        self._snapshot(range(self.n))  # what no optimizer stepped: as it stands now
+        self._snapshot(np.arange(self.n))  # what no optimizer stepped: as it stands now
         self._active = False
+        pending = Pending()
         with torch.no_grad():
-            f_before = [self._before[k] for k in self._float_idx]
-            f_now = [self.tensors[k] for k in self._float_idx]
-            if f_before:
-                torch._foreach_sub_(f_before, f_now)  # before <- before - after, no allocation
-            delta_l2 = _norms(f_before, 2)
-            delta_max = _norms(f_before, _INF)
-            other_changed = [torch.ne(self._before[k], self.tensors[k]).any()
-                             for k in self._other_idx]
-            sums = [_fingerprint(t) for t in self.tensors] if self.checksums else []
-        self._store(delta_l2, delta_max, other_changed, sums)
-        self._fresh = {}
-        if loss is not None:
-            self.losses.append(_as_float(loss))
-        if self.on_progress is not None:
-            self.on_progress("end", len(self._records) - 1, self)
-
-    def _snapshot(self, indices) -> None:
-        """What an optimizer sees as it steps: requires_grad, lr and .grad of what it holds."""
-        idx = [k for k in indices if not self._snapped[k]]
-        if not idx:
-            return
-        for k in idx:
-            self._snapped[k] = True
-            t = self.tensors[k]
-            self._requires_grad[k] = t.requires_grad
-            group = self.inv.first_group[k]
-            if group is not None:
-                self._lr[k] = group_lr(self.optimizers[group[0]].param_groups[group[1]])
-        with torch.no_grad():
-            grad_idx = [k for k in idx if self.tensors[k].grad is not None]
-            # A .grad nothing rewrote since backward ended (no clipping, no unscaling) already
-            # has its norms: skip two passes over it.
-            reused = {k: self._fresh_norms[k] for k in grad_idx if self._untouched(k)}
-            todo = [k for k in grad_idx if k not in reused]
-            grads = [self.tensors[k].grad for k in todo]
-            values = self._device_values
-            values["grad_l2"] += zip(todo, _norms(grads, 2))
-            values["grad_max"] += zip(todo, _norms(grads, _INF))
-            values["grad_l2"] += [(k, pair[0]) for k, pair in reused.items()]
-            values["grad_max"] += [(k, pair[1]) for k, pair in reused.items()]
-        for k in idx:
-            if k in self._fresh_norms:
-                l2, mx = self._fresh_norms.pop(k)
-                values["fresh_l2"].append((k, l2))
-                values["fresh_max"].append((k, mx))
-            self._fresh.pop(k, None)
-
-    def _untouched(self, k: int) -> bool:
-        source = self._measured_grad.get(k)
-        grad = self.tensors[k].grad
-        return (source is not None and k in self._fresh_norms and source[0]() is grad
-                and grad._version == source[1])
-
-    def _store(self, delta_l2, delta_max, other_changed, sums) -> None:
-        keyed = list(self._device_values.items()) + [("carried", list(self._carried.items()))]
-        parts = [self._before_norm, delta_l2, delta_max, other_changed, sums] + [
-            [v for _, v in pairs] for _, pairs in keyed]
-        flat = _readback([x for part in parts for x in part])
-        chunks = np.split(flat, np.cumsum([len(p) for p in parts])[:-1])
-        before_norm, d_l2, d_max, other_ch, checksum = chunks[:5]
+            self.probe.end(pending)
+            fresh = []
+            pending.add("fresh_l2", [])
+            for ks, part in self._fresh_parts:
+                fresh += ks
+                if isinstance(part, torch.Tensor):
+                    pending.add_vector("fresh_l2", part)
+                else:
+                    pending.add("fresh_l2", part)
+            zero_checked = sorted(self._fresh_zero)
+            pending.add("fresh_zero", [self._fresh_zero[k] for k in zero_checked])
+            total = sorted(self._grad_l2)
+            pending.add("grad_l2", [self._grad_l2[k] for k in total])
+            carried = sorted(self._carried)
+            pending.add("carried", [self._carried[k] for k in carried])
+            pending.add("checksum", [checksum(t) for t in self.tensors] if self.checksums else [])
+        got = pending.read()
+        delta, changed, ratio = self.probe.resolve(got)
+        grad_norm, nonfinite = self._resolve_fresh(
+            fresh, got["fresh_l2"], dict(zip(zero_checked, got["fresh_zero"])))
 
         n = self.n
-        per_tensor = {}
-        for (name, pairs), chunk in zip(keyed, chunks[5:]):
-            column = np.full(n, np.nan)
-            column[[k for k, _ in pairs]] = chunk
-            per_tensor[name] = column
-        used = np.array(self._used, dtype=bool)
-        has_fresh = used & ~np.isnan(per_tensor["fresh_l2"])  # NaN here means "none"
-        has_fresh[[k for k, _ in self._device_values["fresh_max"]]] = True
-        has_fresh &= used
-        grad_l2 = np.where(has_fresh, per_tensor["fresh_l2"], np.nan)
-        grad_max = np.where(has_fresh, per_tensor["fresh_max"], np.nan)
-
-        delta = np.zeros(n)
-        changed = np.zeros(n, dtype=bool)
-        ratio = np.full(n, np.nan)
-        f_idx = self._float_idx
-        delta[f_idx] = d_l2
-        changed[f_idx] = d_max != 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio[f_idx] = np.where(before_norm > 0, d_l2 / before_norm, np.nan)
-        changed[self._other_idx] = other_ch != 0
-        # Non-finite values (a -inf mask, a NaN) make before - after NaN without any change:
-        # decide those few tensors element by element.
-        for j in np.flatnonzero(np.isnan(d_max)):
-            k = f_idx[j]
-            changed[k], delta[k] = _nonfinite_change(self._before[k], self.tensors[k],
-                                                     before_had_nan=bool(np.isnan(before_norm[j])))
-
+        grad_total = np.full(n, np.nan)
+        grad_total[total] = got["grad_l2"]
+        grad_total[self._grad_same] = grad_norm[self._grad_same]
+        carried_grad = np.zeros(n, dtype=bool)
+        carried_grad[carried] = got["carried"] != 0  # NaN != 0: a NaN .grad counts as carried
         self._records.append({
             "requires_grad": self._requires_grad,
-            "used": used,
-            "grad_norm": grad_l2,
-            "grad_max": grad_max,
-            "grad_total_norm": per_tensor["grad_l2"],
-            "carried_grad": np.nan_to_num(per_tensor["carried"], nan=0.0) != 0,
+            "used": np.array(self._used, dtype=bool),
+            "grad_norm": grad_norm,
+            "grad_total_norm": grad_total,
+            "carried_grad": carried_grad,
             "delta_norm": delta,
             "update_ratio": ratio,
             "changed": changed,
             "lr": self._lr,
-            "nonfinite": has_fresh & ~np.isfinite(grad_max),
-            **({"checksum": checksum} if self.checksums else {}),
+            "nonfinite": nonfinite,
+            **({"checksum": got["checksum"]} if self.checksums else {}),
         })
+        self._step_ids.append(self._step)
+        self._fresh = {}
+        self._fresh_src = {}
+        self._measured_grad = {}
+        if loss is not None:
+            self.losses.append(_as_float(loss))
+        if self.on_progress is not None:
+            self.on_progress("end", self._step, self)
+
+    def _resolve_fresh(self, keys: list[int], values: np.ndarray, zero_checked: dict):
+        """Fresh-gradient norms, exact at the edges: 0 only when every element is 0, and
+        non-finite only when an element is. The float32 norm decides all other tensors."""
+        n = self.n
+        grad_norm = np.full(n, np.nan)
+        nonfinite = np.zeros(n, dtype=bool)
+        last = dict(zip(keys, values))  # a later backward of the same step supersedes
+        fresh = list(last)
+        l2 = np.fromiter(last.values(), dtype=np.float64, count=len(fresh))
+        zero_now = set()
+        for j in np.flatnonzero(~(np.isfinite(l2) & (l2 > 0))):
+            k = fresh[j]
+            g = self._fresh_src[k]
+            mx = zero_checked[k] if k in zero_checked else float(max_abs(g))
+            if not np.isfinite(mx):  # a NaN or Inf element: the norm stays NaN or inf
+                nonfinite[k] = True
+            else:
+                l2[j] = 0.0 if mx == 0 else exact_norm(g)
+                if l2[j] == 0:
+                    zero_now.add(k)
+        self._zero_grad_expected = zero_now
+        grad_norm[fresh] = l2
+        return grad_norm, nonfinite
+
+    def _snapshot(self, indices: np.ndarray) -> None:
+        """What an optimizer sees as it steps: requires_grad, lr and .grad of what it holds."""
+        idx = indices[~self._snapped[indices]]
+        if not len(idx):
+            return
+        self._snapped[idx] = True
+        tensors = self.tensors
+        ks = idx.tolist()
+        self._requires_grad[idx] = [tensors[k].requires_grad for k in ks]
+        groups = self._group_of[idx]
+        if (groups >= 0).any():
+            lrs = np.array([group_lr(self.optimizers[i].param_groups[j])
+                            if j < len(self.optimizers[i].param_groups) else math.nan
+                            for i, j in self._groups])
+            self._lr[idx[groups >= 0]] = lrs[groups[groups >= 0]]
+        todo, same, measured = [], self._grad_same, self._measured_grad
+        for k in ks:
+            grad = tensors[k].grad
+            if grad is None:
+                continue
+            # A .grad nothing rewrote since backward ended (no clipping, no unscaling) already
+            # has its norm: skip a pass over it.
+            source = measured.get(k)
+            if source is not None and source[0] is grad and grad._version == source[1]:
+                same.append(k)
+            else:
+                todo.append(k)
+        with torch.no_grad():
+            for k, v in zip(todo, norms([tensors[k].grad for k in todo])):
+                self._grad_l2[k] = v
 
     # ----------------------------------------------------------------- result
     def steps_table(self) -> pd.DataFrame:
         names = self.inv.names
         count = len(self._records)
-        data = {"step": np.repeat(np.arange(count, dtype=np.int64), self.n),
+        data = {"step": np.repeat(np.array(self._step_ids, dtype=np.int64), self.n),
                 "name": np.tile(np.array(names, dtype=object), count)}
         columns = list(STEPS_COLUMNS) + (["checksum"] if self.checksums else [])
         for col in columns[2:]:
@@ -288,7 +298,7 @@ class Recorder:
 
     def step_table(self, step: int) -> pd.DataFrame:
         """The rows of one recorded step (what a watchdog writes out as the run goes)."""
-        record = self._records[step]
+        record = self._records[len(self._step_ids) - 1 - self._step_ids[::-1].index(step)]
         data = {"step": np.full(self.n, step, dtype=np.int64),
                 "name": np.array(self.inv.names, dtype=object), **record}
         return pd.DataFrame(data, columns=list(data))
@@ -297,78 +307,29 @@ class Recorder:
 _BOOL_COLS = {"requires_grad", "used", "carried_grad", "changed", "nonfinite"}
 
 
-def run_steps(recorder: Recorder, step_fn: Callable[[int], object], steps: int) -> StepFailure | None:
-    """Run `steps` observed steps; stop at the first failure and report it."""
+def run_steps(recorder: Recorder, step_fn: Callable[[int], object], steps: int,
+              every: int = 1) -> StepFailure | None:
+    """Run `steps` steps, observing steps 0, every, 2*every, ...; stop at the first failure.
+
+    Between observed steps the hooks stay attached but idle, so a long run keeps a steps table
+    of steps/every rows per tensor.
+    """
+    previous = None
     for step in range(steps):
-        recorder.begin_step()
+        observed = step % every == 0
+        if observed:
+            recorder.begin_step(step, consecutive=previous == step - 1)
         try:
             loss = step_fn(step)
         except Exception as exc:  # the user's code: keep earlier steps, report this one
-            recorder.abort_step()
+            if observed:
+                recorder.abort_step()
             return StepFailure(step=step, error=f"{type(exc).__name__}: {exc}",
                                traceback=traceback.format_exc())
-        recorder.end_step(loss)
+        if observed:
+            recorder.end_step(loss)
+            previous = step
     return None
-
-
-# --------------------------------------------------------------------- kernels
-def _norms(tensors: list[torch.Tensor], ord: float) -> list[torch.Tensor]:
-    """Float32 norms as 0-d device tensors, batched; per tensor only where foreach can't."""
-    if not tensors:
-        return []
-    try:
-        return list(torch._foreach_norm(tensors, ord, dtype=torch.float32))
-    except (RuntimeError, TypeError, NotImplementedError):
-        return [torch.linalg.vector_norm(_dense(t).float(), ord) for t in tensors]
-
-
-def _dense(t: torch.Tensor) -> torch.Tensor:
-    return t.coalesce().values() if t.is_sparse else t
-
-
-def _max_abs(t: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(_dense(t).float(), _INF)
-
-
-def _copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    try:
-        torch._foreach_copy_(dst, src)
-    except (RuntimeError, TypeError, NotImplementedError):
-        for d, s in zip(dst, src):
-            d.copy_(s)
-
-
-def _nonfinite_change(delta: torch.Tensor, after: torch.Tensor,
-                      before_had_nan: bool) -> tuple[bool, float]:
-    """Exact change for a tensor whose `before - after` holds NaN.
-
-    NaN arises from inf - inf of the same sign (unchanged) or from a NaN operand. Without a NaN
-    before the step, a NaN position changed exactly when the value is NaN now. With NaNs on
-    both sides, a position that is NaN both before and after counts as unchanged.
-    """
-    nan = torch.isnan(delta)
-    changed = bool(((delta != 0) & ~nan).any()) or (
-        not before_had_nan and bool((nan & torch.isnan(after)).any()))
-    norm = float(torch.linalg.vector_norm(torch.where(nan, 0.0, delta.float())))
-    return changed, norm
-
-
-def _fingerprint(t: torch.Tensor) -> torch.Tensor:
-    """Sum and sum of squares in float64, folded: equal values give equal fingerprints, and
-    ranks whose copies differ almost never collide."""
-    x = t.detach().to(torch.float64)
-    return x.sum() + x.square().sum() * math.sqrt(2.0)
-
-
-def _readback(values: list) -> np.ndarray:
-    """One host transfer per device (and dtype) for all of a step's scalars."""
-    out = np.empty(len(values), dtype=np.float64)
-    groups: dict[tuple, list[int]] = {}
-    for i, v in enumerate(values):
-        groups.setdefault((v.device, v.dtype), []).append(i)
-    for idx in groups.values():
-        out[idx] = torch.stack([values[i] for i in idx]).cpu().numpy()
-    return out
 
 
 def _as_float(loss) -> float:

@@ -44,11 +44,12 @@ STEPS_COLUMNS: dict[str, str] = {
     "name": "tensor name, as in params.name",
     "requires_grad": "requires_grad when the first optimizer stepped (else at the end of the step)",
     "used": "autograd accumulated a gradient into it during the step (even an all-zero one)",
-    "grad_norm": "L2 norm of the gradient produced during this step only (NaN if none)",
-    "grad_max": "max |element| of that gradient: 0 means exactly zero (NaN if none)",
+    "grad_norm": "L2 norm of the gradient produced during this step only (NaN if none); "
+                 "exactly 0 only when every element is 0 (small values never underflow to 0)",
     "grad_total_norm": "L2 norm of the .grad the optimizer sees (NaN if None)",
     "carried_grad": "the step's first accumulation landed on a non-zero .grad from earlier",
-    "delta_norm": "L2 norm of (value after the step - value before)",
+    "delta_norm": "L2 norm of (value after the step - value before); exactly 0 only when "
+                  "unchanged. delta='sampled': estimated from a fixed sample; 'off': NaN",
     "update_ratio": "delta_norm / L2 norm of the value before (NaN if that is 0)",
     "changed": "any element differs after the step (exact comparison)",
     "lr": "learning rate of its (first) group at optimizer-step time (NaN if none)",

@@ -29,7 +29,7 @@ def build_params(rows: list[dict], steps: pd.DataFrame) -> pd.DataFrame:
 
 # How the ranks' rows of one (step, tensor) fold into one: "any rank" for facts about use and
 # change, rank 0's value for measurements (DDP makes them equal where it syncs).
-_RANK_FOLD = {"requires_grad": "any", "used": "any", "grad_norm": "first", "grad_max": "max",
+_RANK_FOLD = {"requires_grad": "any", "used": "any", "grad_norm": "first",
               "grad_total_norm": "first", "carried_grad": "any", "delta_norm": "first",
               "update_ratio": "first", "changed": "any", "lr": "first", "nonfinite": "any"}
 

@@ -107,7 +107,7 @@ def stalled(params, steps):
 @verdict("zero_gradient", "warning", "receives gradients, every one of them exactly zero")
 def zero_gradient(params, steps):
     used = steps["used"].astype(bool)
-    nonzero = used & ~(steps["grad_max"] == 0)
+    nonzero = used & ~(steps["grad_norm"] == 0)
     return (_per_tensor(params, steps, used) > 0) & (_per_tensor(params, steps, nonzero) == 0)
 
 

@@ -22,6 +22,8 @@ PARAMETERS: dict[str, tuple[tuple[type, ...], object, str]] = {
     "checkpoint": ((str, type(None)), "", "checkpoint to load into the model first (\"\": none)"),
     "trust_checkpoint": ((bool,), False, "allow a checkpoint that needs arbitrary unpickling"),
     "steps": ((int,), 5, "training steps to observe"),
+    "delta": ((str,), "exact", "change measured \"exact\", \"sampled\" (bounded memory) or \"off\""),
+    "every": ((int,), 1, "observe every k-th step only (long runs)"),
     "nproc": ((int,), 1, "processes of a torch.distributed job (1: this process)"),
     "timeout": ((int,), 120, "seconds before a distributed run is ended (nproc > 1)"),
     "out_dir": ((str, type(None)), "", "folder for params.csv, steps.csv, findings.json "
@@ -52,9 +54,14 @@ def validate(values: dict, contract: dict | None = None) -> dict:
             raise DiagkitError(f"notebook parameter {name!r} must be {expected}, "
                                f"got {type(value).__name__} {value!r}")
         out[name] = value
-    for name in ("steps", "nproc", "timeout"):
+    for name in ("steps", "every", "nproc", "timeout"):
         if name in out and out[name] < 1:
             raise DiagkitError(f"notebook parameter {name!r} must be >= 1, got {out[name]}")
+    if "delta" in out:
+        from .delta import MODES
+        if out["delta"] not in MODES:
+            raise DiagkitError(f"notebook parameter 'delta' must be one of {', '.join(MODES)}, "
+                               f"got {out['delta']!r}")
     return out
 
 
@@ -89,7 +96,8 @@ def run(settings: dict):
     return run_target(settings["target"], settings["target_args"], steps=settings["steps"],
                       checkpoint=settings["checkpoint"] or None,
                       trust_checkpoint=settings["trust_checkpoint"], nproc=settings["nproc"],
-                      timeout=settings["timeout"])
+                      timeout=settings["timeout"], delta=settings["delta"],
+                      every=settings["every"])
 
 
 def show(fig):

@@ -86,7 +86,8 @@ def _run(spec: dict, rank: int, files: RankFiles) -> int:
         setup.model = DDP(setup.model, find_unused_parameters=True)
     ddp = setup.model
     obs = observe(setup, spec["steps"], restore=False, checksums=True,
-                  on_progress=files.progress)
+                  on_progress=files.progress, delta=spec.get("delta", "exact"),
+                  every=spec.get("every", 1))
     if rank == 0:
         files.write("meta.json", json.dumps({
             **obs.meta, "backend": dist.get_backend(), "world_size": dist.get_world_size(),

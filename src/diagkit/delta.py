@@ -1,0 +1,309 @@
+"""How a step's change of each tensor is measured: the `delta=` modes.
+
+- `exact` (default): a snapshot buffer per tensor, allocated once and reused every step; the
+  change is `before - after` computed in place. Exact `changed` and `delta_norm`; extra memory
+  1x the tensors' bytes.
+- `sampled`: for models that do not fit twice. Tensors of at most `sample` elements are
+  snapshotted as in exact mode; larger ones get an integer fingerprint of their bits (exact
+  changed/unchanged, see `kernels.Fingerprinter`) and a fixed random sample of `sample`
+  positions whose change estimates `delta_norm` (scaled by sqrt(numel / sample)). Extra memory
+  is at most about `sample * 12` bytes per tensor, whatever its size.
+- `off`: as `sampled` without the samples: `delta_norm` and `update_ratio` are NaN,
+  `changed` stays exact. Extra memory: only the small tensors' copies.
+
+Every verdict reads `changed`, never the size of the change, so all three modes give the
+same verdicts. A probe never syncs with the device on its own: `end()` queues device scalars
+on a `Pending` that the recorder reads back once per step; only `resolve()` may look again,
+at the rare tensor whose float32 norm came out 0 or non-finite.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import kernels
+
+MODES = ("exact", "sampled", "off")
+DEFAULT_SAMPLE = 4096
+
+
+def make_probe(mode: str, tensors: list[torch.Tensor], likely_static: set[int],
+               sample: int = DEFAULT_SAMPLE):
+    if mode == "exact":
+        return ExactProbe(tensors, range(len(tensors)), likely_static)
+    if mode == "sampled":
+        return FingerprintProbe(tensors, likely_static, sample, estimate=True)
+    if mode == "off":
+        return FingerprintProbe(tensors, likely_static, sample, estimate=False)
+    raise ValueError(f"delta must be one of {', '.join(MODES)}, got {mode!r}")
+
+
+def check_mode(mode, sample) -> None:
+    """A clear error before any work starts (the API and the CLI both call this)."""
+    from .errors import DiagkitError
+    if mode not in MODES:
+        raise DiagkitError(f"delta must be one of {', '.join(MODES)}, got {mode!r}")
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+        raise DiagkitError(f"sample must be a positive int (elements per tensor), got {sample!r}")
+
+
+class ExactProbe:
+    """Snapshot-and-subtract over the tensors at `indices` (all of them in exact mode).
+
+    Small tensors of equal size, dtype and device share one (count, numel) buffer, so their
+    norms take one kernel per bucket instead of one per tensor: on models with hundreds of
+    small tensors that per-tensor overhead was most of the cost.
+    """
+
+    def __init__(self, tensors, indices, likely_static: set[int]):
+        self.tensors = tensors
+        self.indices = list(indices)
+        self.float_pos = [p for p, k in enumerate(self.indices) if tensors[k].is_floating_point()]
+        self.other_pos = [p for p, k in enumerate(self.indices)
+                          if not tensors[k].is_floating_point()]
+        # Positions (into float_pos) whose change we expect to be exactly zero: for those an
+        # exact zero check is queued with the norms, so confirming them costs no extra sync.
+        self._expect_zero = {j for j, p in enumerate(self.float_pos)
+                             if self.indices[p] in likely_static}
+        self._before: list[torch.Tensor] = []
+
+    PINGPONG_BYTES = 64 << 20  # a second buffer per group, up to this much in all
+
+    def attach(self) -> None:
+        tensors = [self.tensors[k] for k in self.indices]
+        j_of = {self.indices[p]: j for j, p in enumerate(self.float_pos)}
+        self.buckets = kernels.Buckets(self.tensors, candidates=list(j_of))
+        self._before = [None] * len(tensors)
+        self._groups = []
+        budget = self.PINGPONG_BYTES
+        for g, (_, ks) in enumerate(self.buckets.groups):
+            cur = self.buckets.matrix(g)
+            # Two buffers that swap roles: the end of step k stacks the values into the spare
+            # one (the delta needs them anyway), and that is step k+1's snapshot, no copy.
+            spare = None
+            if cur.nbytes <= budget:
+                spare, budget = self.buckets.matrix(g), budget - cur.nbytes
+            group = {"g": g, "js": [j_of[k] for k in ks], "cur": cur, "spare": spare,
+                     "next_norm": None, "views": {id(m): list(m.unbind(0))
+                                                  for m in (cur, spare) if m is not None}}
+            self._groups.append(group)
+            self._point(group)
+        grouped = {j for group in self._groups for j in group["js"]}
+        self._loose = [j for j in range(len(self.float_pos)) if j not in grouped]
+        self._ungrouped = [p for p in range(len(tensors)) if self._before[p] is None]
+        # The order in which per-tensor norms are queued: group by group, then the rest.
+        self._order = np.array([j for group in self._groups for j in group["js"]] + self._loose,
+                               dtype=np.int64)
+        for p in self._ungrouped:
+            self._before[p] = torch.empty_like(tensors[p], memory_format=torch.preserve_format)
+        with torch.no_grad():  # touch every page now: allocation is a one-off cost
+            self.begin()
+
+    def _point(self, group) -> None:
+        """Per-tensor views of the group's current snapshot buffer."""
+        before, float_pos = self._before, self.float_pos
+        for j, view in zip(group["js"], group["views"][id(group["cur"])]):
+            before[float_pos[j]] = view
+
+    def detach(self) -> None:
+        self._before = []
+        self._groups = []
+        self.buckets.clear()
+
+    def _members(self, group) -> list[torch.Tensor]:
+        return [self.tensors[self.indices[self.float_pos[j]]] for j in group["js"]]
+
+    def _loose_norms(self) -> list:
+        return [kernels.norms([self._before[self.float_pos[j]] for j in self._loose])]
+
+    def begin(self, consecutive: bool = False) -> None:
+        norms = []
+        with torch.no_grad():
+            for group in self._groups:
+                if consecutive and group["next_norm"] is not None:
+                    group["cur"], group["spare"] = group["spare"], group["cur"]
+                    self._point(group)
+                    norms.append(group["next_norm"])
+                else:
+                    torch.stack(self._members(group), out=group["cur"])
+                    norms.append(kernels.row_norms(group["cur"]))
+                group["next_norm"] = None
+            loose = self._ungrouped
+            kernels.copy_all([self._before[p] for p in loose], self._now(loose))
+            self._before_norm = norms + self._loose_norms()
+
+    def end(self, pending: kernels.Pending, tag: str = "x") -> None:
+        with torch.no_grad():
+            diff = [self._before[p] for p in self.float_pos]
+            for group in self._groups:
+                if group["spare"] is not None:
+                    after = group["spare"]
+                    torch.stack(self._members(group), out=after)
+                    group["next_norm"] = kernels.row_norms(after)
+                else:
+                    after = self.buckets.stacked(group["g"], self._members(group))
+                group["cur"].sub_(after)
+            loose = [self.float_pos[j] for j in self._loose]
+            kernels.sub_all([self._before[p] for p in loose], self._now(loose))
+            self._checked = sorted(self._expect_zero)
+            for part in self._before_norm:
+                _queue(pending, f"{tag}.before", part)
+            for part in [kernels.row_norms(group["cur"]) for group in self._groups] \
+                    + self._loose_norms():
+                _queue(pending, f"{tag}.l2", part)
+            pending.add(f"{tag}.zero", [kernels.max_abs(diff[j]) for j in self._checked])
+            pending.add(f"{tag}.other", [torch.ne(self._before[p], self.tensors[self.indices[p]])
+                                         .any().float() for p in self.other_pos])
+
+    def _now(self, positions) -> list[torch.Tensor]:
+        return [self.tensors[self.indices[p]] for p in positions]
+
+    def resolve(self, got: dict):
+        """(delta_norm, changed, update_ratio) of every tensor, for this step."""
+        n = len(self.tensors)
+        delta, changed, ratio = np.zeros(n), np.zeros(n, dtype=bool), np.full(n, np.nan)
+        self.resolve_into(got, "x", delta, changed, ratio)
+        return delta, changed, ratio
+
+    def resolve_into(self, got: dict, tag: str, delta, changed, ratio) -> None:
+        """Fill the rows of `indices` in the three per-tensor arrays."""
+        before, l2 = _unorder(got[f"{tag}.before"], self._order), \
+            _unorder(got[f"{tag}.l2"], self._order)
+        checked = dict(zip(self._checked, got[f"{tag}.zero"]))
+        diff = [self._before[p] for p in self.float_pos]
+        zero_now = set()
+        for j in np.flatnonzero(~(np.isfinite(l2) & (l2 > 0))):
+            # 0: underflow or truly unchanged; inf: overflow or inf; NaN: a non-finite value.
+            if np.isnan(l2[j]):
+                continue
+            mx = checked[j] if j in checked else float(kernels.max_abs(diff[j]))
+            l2[j] = 0.0 if mx == 0 else kernels.exact_norm(diff[j])
+            if l2[j] == 0:
+                zero_now.add(j)
+        self._expect_zero = zero_now
+        f = np.array(self.indices, dtype=np.int64)[np.asarray(self.float_pos, dtype=np.int64)]
+        fchanged = l2 != 0
+        # A NaN (or inf - inf) makes before - after NaN without any change: decide those few
+        # tensors element by element.
+        for j in np.flatnonzero(np.isnan(l2)):
+            k = self.indices[self.float_pos[j]]
+            fchanged[j], l2[j] = _nonfinite_change(diff[j], self.tensors[k],
+                                                   before_had_nan=bool(np.isnan(before[j])))
+        delta[f] = l2
+        changed[f] = fchanged
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio[f] = np.where(before > 0, l2 / before, np.nan)
+        others = np.array(self.indices, dtype=np.int64)[np.asarray(self.other_pos, dtype=np.int64)]
+        delta[others] = 0.0
+        changed[others] = got[f"{tag}.other"] != 0
+
+
+class FingerprintProbe:
+    """`sampled` (estimate=True) and `off`: bounded memory, exact `changed`.
+
+    Tensors of at most `sample` elements are snapshotted exactly (cheaper than hashing many
+    small tensors one by one); larger ones are fingerprinted, and sampled when estimating.
+    """
+
+    def __init__(self, tensors, likely_static: set[int], sample: int, estimate: bool):
+        self.tensors = tensors
+        self.sample = sample
+        self.estimate = estimate
+        small = [k for k, t in enumerate(tensors) if t.numel() <= sample]
+        self.exact = ExactProbe(tensors, small, likely_static)
+        self.big = [k for k, t in enumerate(tensors) if t.numel() > sample]
+        self.sampled = [k for k in self.big if estimate and tensors[k].is_floating_point()]
+        self.fingerprint = kernels.Fingerprinter()
+        self._last: list | None = None
+
+    def attach(self) -> None:
+        self.exact.attach()
+        gen = torch.Generator().manual_seed(0)  # fixed positions; never the global RNG
+        self._idx, self._s_before, self._s_after = [], [], []
+        for k in self.sampled:
+            t = self.tensors[k]
+            idx = torch.randint(t.numel(), (self.sample,), generator=gen).sort().values
+            self._idx.append(idx.to(t.device))
+            self._s_before.append(torch.empty(self.sample, dtype=t.dtype, device=t.device))
+            self._s_after.append(torch.empty(self.sample, dtype=t.dtype, device=t.device))
+
+    def detach(self) -> None:
+        self.exact.detach()
+        self._idx = self._s_before = self._s_after = []
+        self.fingerprint.clear()
+        self._last = None
+
+    def _prints(self) -> list[list[torch.Tensor]]:
+        return [self.fingerprint(self.tensors[k]) for k in self.big]
+
+    def _take(self, out: list[torch.Tensor]) -> None:
+        for k, idx, buf in zip(self.sampled, self._idx, out):
+            torch.take(self.tensors[k].detach(), idx, out=buf)
+
+    def begin(self, consecutive: bool = False) -> None:
+        """`consecutive`: nothing ran since the last `end()`, so its fingerprints still hold."""
+        self.exact.begin(consecutive)
+        with torch.no_grad():
+            self._fp_before = self._last if consecutive and self._last is not None \
+                else self._prints()
+            self._big_norm = kernels.norms([self.tensors[k] for k in self.sampled])
+            self._take(self._s_before)
+
+    def end(self, pending: kernels.Pending) -> None:
+        self.exact.end(pending, "small")
+        with torch.no_grad():
+            self._last = self._prints()
+            self._take(self._s_after)
+            kernels.sub_all(self._s_before, self._s_after)
+            pending.add("fp.before", [x for pair in self._fp_before for x in pair])
+            pending.add("fp.after", [x for pair in self._last for x in pair])
+            pending.add("s.l2", kernels.norms(self._s_before))
+            pending.add("s.norm", self._big_norm)
+
+    def resolve(self, got: dict):
+        n = len(self.tensors)
+        delta, changed, ratio = np.full(n, np.nan), np.zeros(n, dtype=bool), np.full(n, np.nan)
+        self.exact.resolve_into(got, "small", delta, changed, ratio)
+        if not self.estimate:
+            delta[:], ratio[:] = np.nan, np.nan
+        differs = (got["fp.before"] != got["fp.after"]).reshape(-1, 2).any(axis=1)
+        big = np.array(self.big, dtype=np.int64)
+        changed[big] = differs
+        if self.sampled:
+            at = np.array(self.sampled, dtype=np.int64)
+            numel = np.array([self.tensors[k].numel() for k in self.sampled], dtype=np.float64)
+            est = got["s.l2"] * np.sqrt(numel / self.sample)
+            est = np.where(changed[at], est, 0.0)  # an unchanged fingerprint: exactly no change
+            delta[at] = est
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio[at] = np.where(got["s.norm"] > 0, est / got["s.norm"], np.nan)
+        return delta, changed, ratio
+
+
+def _queue(pending: kernels.Pending, name: str, part) -> None:
+    if isinstance(part, torch.Tensor):
+        pending.add_vector(name, part)
+    else:
+        pending.add(name, part)
+
+
+def _unorder(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    out = np.empty(len(order))
+    out[order] = values
+    return out
+
+
+def _nonfinite_change(delta: torch.Tensor, after: torch.Tensor,
+                      before_had_nan: bool) -> tuple[bool, float]:
+    """Exact change for a tensor whose `before - after` holds NaN.
+
+    NaN arises from inf - inf of the same sign (unchanged) or from a NaN operand. Without a NaN
+    before the step, a NaN position changed exactly when the value is NaN now. With NaNs on
+    both sides, a position that is NaN both before and after counts as unchanged.
+    """
+    nan = torch.isnan(delta)
+    changed = bool(((delta != 0) & ~nan).any()) or (
+        not before_had_nan and bool((nan & torch.isnan(after)).any()))
+    norm = float(torch.linalg.vector_norm(torch.where(nan, 0.0, delta.float())))
+    return changed, norm
