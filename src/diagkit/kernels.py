@@ -253,18 +253,28 @@ def _one_dimensional(chunk) -> list[torch.Tensor]:
 
 
 def readback(pieces: list[torch.Tensor]) -> np.ndarray:
-    """Concatenate 1-D device tensors on the host, with one transfer per (device, dtype)."""
+    """Concatenate 1-D device tensors on the host: one transfer per device.
+
+    Mixed dtypes on one device (float32 norms, int32 fingerprints) are widened to float64
+    there first, which is exact for both.
+    """
     if not pieces:
         return np.empty(0, dtype=np.float64)
-    groups: dict[tuple, list[int]] = {}
+    groups: dict[torch.device, list[int]] = {}
     for i, p in enumerate(pieces):
-        groups.setdefault((p.device, p.dtype), []).append(i)
+        groups.setdefault(p.device, []).append(i)
     if len(groups) == 1:
-        return torch.cat(pieces).cpu().numpy().astype(np.float64)
+        return _to_host(pieces)
     sizes = np.array([p.numel() for p in pieces], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)])
     out = np.empty(int(starts[-1]), dtype=np.float64)
     for idx in groups.values():
         at = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in idx])
-        out[at] = torch.cat([pieces[i] for i in idx]).cpu().numpy()
+        out[at] = _to_host([pieces[i] for i in idx])
     return out
+
+
+def _to_host(pieces: list[torch.Tensor]) -> np.ndarray:
+    if len({p.dtype for p in pieces}) > 1:
+        pieces = [p.to(torch.float64) for p in pieces]
+    return torch.cat(pieces).cpu().numpy().astype(np.float64)

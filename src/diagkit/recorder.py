@@ -196,6 +196,9 @@ class Recorder:
             carried = sorted(self._carried)
             pending.add("carried", [self._carried[k] for k in carried])
             pending.add("checksum", [checksum(t) for t in self.tensors] if self.checksums else [])
+            scalar_loss = isinstance(loss, torch.Tensor) and loss.numel() == 1
+            # The loss rides along with the step's one read-back instead of its own sync.
+            pending.add("loss", [loss.detach().reshape(()).float()] if scalar_loss else [])
         got = pending.read()
         delta, changed, ratio = self.probe.resolve(got)
         grad_norm, nonfinite = self._resolve_fresh(
@@ -224,7 +227,9 @@ class Recorder:
         self._fresh = {}
         self._fresh_src = {}
         self._measured_grad = {}
-        if loss is not None:
+        if scalar_loss:
+            self.losses.append(float(got["loss"][0]))
+        elif loss is not None:
             self.losses.append(_as_float(loss))
         if self.on_progress is not None:
             self.on_progress("end", self._step, self)
