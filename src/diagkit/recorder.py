@@ -273,18 +273,16 @@ class Recorder:
                             if j < len(self.optimizers[i].param_groups) else math.nan
                             for i, j in self._groups])
             self._lr[idx[groups >= 0]] = lrs[groups[groups >= 0]]
-        todo, same, measured = [], self._grad_same, self._measured_grad
-        for k in ks:
-            grad = tensors[k].grad
-            if grad is None:
-                continue
-            # A .grad nothing rewrote since backward ended (no clipping, no unscaling) already
-            # has its norm: skip a pass over it.
-            source = measured.get(k)
-            if source is not None and source[0] is grad and grad._version == source[1]:
-                same.append(k)
-            else:
-                todo.append(k)
+        measured = self._measured_grad
+        grads = [(k, tensors[k].grad) for k in ks]
+        grads = [(k, g, measured.get(k)) for k, g in grads if g is not None]
+        # A .grad nothing rewrote since backward ended (no clipping, no unscaling) already
+        # has its norm: skip a pass over it.
+        same = [k for k, g, src in grads
+                if src is not None and src[0] is g and g._version == src[1]]
+        self._grad_same += same
+        same = set(same)
+        todo = [k for k, _, _ in grads if k not in same]
         with torch.no_grad():
             for k, v in zip(todo, norms([tensors[k].grad for k in todo])):
                 self._grad_l2[k] = v
