@@ -136,13 +136,16 @@ class Buckets:
 
     def norms(self, items: dict[int, torch.Tensor]) -> list[tuple[list[int], object]]:
         """L2 norms of `items` {k: tensor}: [(ks, 1-D tensor or list of 0-d tensors)]."""
-        out, loose, done = [], [], set()
+        out, done = [], set()
         for g, (_, ks) in enumerate(self.groups):
             members = [items.get(k) for k in ks]
-            if all(m is not None and m.layout == torch.strided for m in members):
-                out.append((ks, row_norms(self.stacked(g, members))))
-                done.update(ks)
-        loose = [k for k in items if k not in done]
+            if not any(m is None for m in members):  # (`None in` would call Tensor.__eq__)
+                try:
+                    out.append((ks, row_norms(self.stacked(g, members))))
+                    done.update(ks)
+                except RuntimeError:  # a sparse or odd-layout gradient: one by one below
+                    pass
+        loose = [k for k in items if k not in done] if done else list(items)
         out.append((loose, norms([items[k] for k in loose])))
         return out
 

@@ -126,17 +126,18 @@ class Recorder:
         self._backward_queued = False
         touched, self._touched = sorted(self._touched), set()
         fresh, tensors = self._fresh, self.tensors
-        own = {k: fresh[k] if k in fresh else tensors[k].grad for k in touched}
-        own = {k: g for k, g in own.items() if g is not None}
+        on_grad = [(k, tensors[k].grad) for k in touched if k not in fresh]
+        own = dict(on_grad)
+        own.update((k, fresh[k]) for k in touched if k in fresh)
+        if any(g is None for g in own.values()):
+            own = {k: g for k, g in own.items() if g is not None}
         with torch.no_grad():
             self._fresh_parts += self._grad_buckets.norms(own)
             for k in self._zero_grad_expected.intersection(own):
                 self._fresh_zero[k] = max_abs(own[k])  # confirm an exact zero in the same read
         self._fresh_src.update(own)
-        measured = self._measured_grad
-        for k, g in own.items():
-            if k not in fresh:  # measured on .grad itself: reusable if left untouched
-                measured[k] = (g, g._version)
+        # Measured on .grad itself: reusable at optimizer time if nothing rewrote it.
+        self._measured_grad.update((k, (g, g._version)) for k, g in on_grad if g is not None)
 
     def _optimizer_hook(self, i: int) -> Callable:
         def hook(*_args):
