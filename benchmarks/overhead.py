@@ -205,6 +205,7 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
         inv = take_inventory(model, setup.optimizers)
         t1 = clock()
         rec = Recorder(inv, setup.optimizers, delta=mode)
+        rec.grads_untouched_until_step = True  # the standard loop, as observe() sets it
         rec.attach()
         t2 = clock()
         times = []

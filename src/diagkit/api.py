@@ -65,6 +65,7 @@ def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
                            "nothing to diagnose")
     recorder = Recorder(inventory, setup.optimizers, checksums=checksums,
                         on_progress=on_progress, delta=delta, sample=sample)
+    recorder.grads_untouched_until_step = setup.train_step is None
     saved = (SavedState(setup.model, inventory.tensors, setup.optimizers, setup.lr_scheduler)
              if restore else None)
     started = time.perf_counter()

@@ -61,6 +61,9 @@ class Recorder:
         self.probe = make_probe(delta, self.tensors, likely_static, sample)
         self._zero_grad_expected: set[int] = set()
         self._grad_buckets = Buckets(self.tensors)
+        # Set by the standard loop, where nothing runs between backward and optimizer.step():
+        # every .grad measured when backward ended is what the optimizer sees, unchecked.
+        self.grads_untouched_until_step = False
         self._fresh: dict[int, torch.Tensor] = {}
 
     # ----------------------------------------------------------------- hooks
@@ -126,18 +129,22 @@ class Recorder:
         self._backward_queued = False
         touched, self._touched = sorted(self._touched), set()
         fresh, tensors = self._fresh, self.tensors
-        on_grad = [(k, tensors[k].grad) for k in touched if k not in fresh]
-        own = dict(on_grad)
-        own.update((k, fresh[k]) for k in touched if k in fresh)
+        own = dict(zip(touched, [tensors[k].grad for k in touched]))
+        on_grad = [k for k in touched if k not in fresh] if fresh else touched
+        if fresh:
+            own.update((k, fresh[k]) for k in touched if k in fresh)
         if any(g is None for g in own.values()):
             own = {k: g for k, g in own.items() if g is not None}
+            on_grad = [k for k in on_grad if k in own]
         with torch.no_grad():
             self._fresh_parts += self._grad_buckets.norms(own)
             for k in self._zero_grad_expected.intersection(own):
                 self._fresh_zero[k] = max_abs(own[k])  # confirm an exact zero in the same read
         self._fresh_src.update(own)
         # Measured on .grad itself: reusable at optimizer time if nothing rewrote it.
-        self._measured_grad.update((k, (g, g._version)) for k, g in on_grad if g is not None)
+        self._measured[on_grad] = True
+        if not self.grads_untouched_until_step:
+            self._measured_grad.update((k, (own[k], own[k]._version)) for k in on_grad)
 
     def _optimizer_hook(self, i: int) -> Callable:
         def hook(*_args):
@@ -160,6 +167,7 @@ class Recorder:
         self._fresh_src: dict[int, torch.Tensor] = {}
         self._fresh_zero: dict[int, torch.Tensor] = {}
         self._measured_grad: dict[int, tuple[torch.Tensor, int]] = {}
+        self._measured = np.zeros(n, dtype=bool)
         self._requires_grad = np.zeros(n, dtype=bool)
         self._lr = np.full(n, math.nan)
         self._grad_l2: dict[int, torch.Tensor] = {}
@@ -274,16 +282,17 @@ class Recorder:
                             if j < len(self.optimizers[i].param_groups) else math.nan
                             for i, j in self._groups])
             self._lr[idx[groups >= 0]] = lrs[groups[groups >= 0]]
-        measured = self._measured_grad
-        grads = [(k, tensors[k].grad) for k in ks]
-        grads = [(k, g, measured.get(k)) for k, g in grads if g is not None]
+        has_grad = np.array([tensors[k].grad is not None for k in ks], dtype=bool)
         # A .grad nothing rewrote since backward ended (no clipping, no unscaling) already
         # has its norm: skip a pass over it.
-        same = [k for k, g, src in grads
-                if src is not None and src[0] is g and g._version == src[1]]
-        self._grad_same += same
-        same = set(same)
-        todo = [k for k, _, _ in grads if k not in same]
+        reusable = has_grad & self._measured[idx]
+        if not self.grads_untouched_until_step:
+            measured = self._measured_grad
+            for j in np.flatnonzero(reusable):
+                g, version = measured[ks[j]]
+                reusable[j] = tensors[ks[j]].grad is g and g._version == version
+        self._grad_same += idx[reusable].tolist()
+        todo = idx[has_grad & ~reusable].tolist()
         with torch.no_grad():
             for k, v in zip(todo, norms([tensors[k].grad for k in todo])):
                 self._grad_l2[k] = v
