@@ -127,7 +127,7 @@ class Recorder:
 
     def _on_backward_end(self) -> None:
         self._backward_queued = False
-        touched, self._touched = sorted(self._touched), set()
+        touched, self._touched = list(self._touched), set()
         fresh, tensors = self._fresh, self.tensors
         own = dict(zip(touched, [tensors[k].grad for k in touched]))
         on_grad = [k for k in touched if k not in fresh] if fresh else touched
@@ -140,7 +140,7 @@ class Recorder:
             self._fresh_parts += self._grad_buckets.norms(own)
             for k in self._zero_grad_expected.intersection(own):
                 self._fresh_zero[k] = max_abs(own[k])  # confirm an exact zero in the same read
-        self._fresh_src.update(own)
+        self._fresh_src.append(own)
         # Measured on .grad itself: reusable at optimizer time if nothing rewrote it.
         self._measured[on_grad] = True
         if not self.grads_untouched_until_step:
@@ -164,7 +164,7 @@ class Recorder:
         self._carried: dict[int, torch.Tensor] = {}
         self._fresh = {}
         self._fresh_parts: list[tuple[list[int], object]] = []
-        self._fresh_src: dict[int, torch.Tensor] = {}
+        self._fresh_src: list[dict[int, torch.Tensor]] = []  # per backward pass
         self._fresh_zero: dict[int, torch.Tensor] = {}
         self._measured_grad: dict[int, tuple[torch.Tensor, int]] = {}
         self._measured = np.zeros(n, dtype=bool)
@@ -181,7 +181,7 @@ class Recorder:
         """The user's step raised: drop its partial observations."""
         self._active = False
         self._fresh = {}
-        self._fresh_src = {}
+        self._fresh_src = []
         self._measured_grad = {}
 
     def end_step(self, loss=None) -> None:
@@ -234,7 +234,7 @@ class Recorder:
         })
         self._step_ids.append(self._step)
         self._fresh = {}
-        self._fresh_src = {}
+        self._fresh_src = []
         self._measured_grad = {}
         if scalar_loss:
             self.losses.append(float(got["loss"][0]))
@@ -255,7 +255,7 @@ class Recorder:
         zero_now = set()
         for j in np.flatnonzero(~(np.isfinite(l2) & (l2 > 0))):
             k = fresh[j]
-            g = self._fresh_src[k]
+            g = next(src[k] for src in reversed(self._fresh_src) if k in src)
             mx = zero_checked[k] if k in zero_checked else float(max_abs(g))
             if not np.isfinite(mx):  # a NaN or Inf element: the norm stays NaN or inf
                 nonfinite[k] = True
@@ -282,7 +282,12 @@ class Recorder:
                             if j < len(self.optimizers[i].param_groups) else math.nan
                             for i, j in self._groups])
             self._lr[idx[groups >= 0]] = lrs[groups[groups >= 0]]
-        has_grad = np.array([tensors[k].grad is not None for k in ks], dtype=bool)
+        if self.grads_untouched_until_step:  # measured at backward end: known to be there
+            has_grad = self._measured[idx].copy()
+            rest = np.flatnonzero(~has_grad)
+            has_grad[rest] = [tensors[ks[j]].grad is not None for j in rest]
+        else:
+            has_grad = np.array([tensors[k].grad is not None for k in ks], dtype=bool)
         # A .grad nothing rewrote since backward ended (no clipping, no unscaling) already
         # has its norm: skip a pass over it.
         reusable = has_grad & self._measured[idx]
