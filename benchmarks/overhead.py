@@ -9,9 +9,14 @@ Prints a table with each measured ratio beside its goal and writes everything to
      step itself (begin_step + the user's step + end_step) is timed; the one-off costs
      (inventory, Recorder + attach, SavedState capture and restore, detach, steps table,
      judging) are timed separately and reported as fixed costs.
-  B. peak memory (ru_maxrss) of each variant, each in a fresh subprocess.
+  B. peak memory (VmHWM) of each variant, each in a fresh subprocess.
   C. the time to build the tables, the findings and the report pieces (plots + tables HTML)
      for synthetic tables of 2,000 tensors x 200 steps.
+  D. the steps table of a long run (2,000 tensors) observed every step vs every 100th.
+  E. with --device cuda: the ~350M-parameter GPT on the GPU (step ratio per delta mode, host
+     syncs and device bytes allocated per observed step, peak device memory per mode).
+
+Step time is measured for each delta mode (exact, sampled, off); the goal applies to exact.
 
 `--quick` shrinks everything to a few seconds (smoke use). `--profile` adds a cProfile of the
 observed step (the hot spots are printed and stored in the JSON).
