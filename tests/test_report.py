@@ -63,6 +63,13 @@ def test_demo_writes_one_report_and_says_where(demo):
         assert {"params.csv", "steps.csv", "findings.json"} <= {p.name for p in (out / name).iterdir()}
     assert "diagkit diagkit.demos:meta_memory" in run.stderr  # progress was shown
     assert not list(out.parent.glob(".report.tmp-*"))  # scratch folders cleaned up
+    assert "DuplicateCellId" not in run.stderr  # three runs of one notebook, merged
+
+
+def test_demo_notebook_cell_ids_are_unique(demo):
+    out, _ = demo
+    ids = [c["id"] for c in json.loads((out / "report.ipynb").read_text())["cells"]]
+    assert len(ids) == len(set(ids)) and len(ids) > 30
 
 
 def test_report_html_is_self_contained(demo):

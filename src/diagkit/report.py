@@ -128,10 +128,14 @@ def _merge(notebooks, title: str):
     merged = nbformat.v4.new_notebook(metadata=notebooks[0][1].metadata)
     merged.cells.append(nbformat.v4.new_markdown_cell(
         f"# {_md_escape(title)}\n\n" + "\n".join(f"- {_md_escape(name)}" for name, _ in notebooks)))
-    for name, nb in notebooks:
+    for part, (name, nb) in enumerate(notebooks):
         merged.cells.append(nbformat.v4.new_markdown_cell(f"# {_md_escape(name)}"))
-        merged.cells.extend(c for c in nb.cells if c.cell_type != "markdown"
-                            or not c.source.startswith("# diagkit:"))
+        for cell in nb.cells:
+            if cell.cell_type == "markdown" and cell.source.startswith("# diagkit:"):
+                continue
+            if "id" in cell:  # the same notebook ran once per target: keep cell ids unique
+                cell["id"] = f"t{part}-{cell['id']}"[:64]
+            merged.cells.append(cell)
     return merged
 
 
