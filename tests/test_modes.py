@@ -114,6 +114,33 @@ def branch():
     return dict(model=model, optimizer=opt, train_step=train_step, steps=4)
 
 
+class Odd(nn.Module):
+    """Layouts the bucketed and fingerprinted paths must survive."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 8, sparse=True)          # sparse gradients
+        self.t = nn.Parameter(torch.randn(8, 6).t())         # non-contiguous
+        self.bf = nn.Parameter(torch.randn(6, 6, dtype=torch.bfloat16))
+        self.s1 = nn.Parameter(torch.tensor(0.5))            # 0-d, grouped together
+        self.s2 = nn.Parameter(torch.tensor(1.5))
+        self.b1 = nn.Parameter(torch.zeros(6))
+        self.b2 = nn.Parameter(torch.zeros(6))
+
+    def forward(self, idx):
+        y = (self.emb(idx).mean(0) @ self.t.t()) * self.s1 * self.s2
+        return (y + (y.to(torch.bfloat16) @ self.bf).float() + self.b1 + self.b2).pow(2).sum()
+
+
+def odd_layouts():
+    model = Odd()
+    dense = [p for n, p in model.named_parameters() if n != "emb.weight"]
+    opts = [torch.optim.SGD(dense, lr=0.01), torch.optim.SparseAdam([model.emb.weight], lr=0.01)]
+    idx = torch.tensor([1, 2, 3])
+    return dict(model=model, optimizer=opts, batch_fn=lambda: idx, loss_fn=lambda m, b: m(b),
+                steps=3)
+
+
 def demo(name):
     def build():
         setup = diagkit.load_target(f"diagkit.demos:{name}")
@@ -123,7 +150,7 @@ def demo(name):
 
 
 SCENARIOS = [orphan, dead_head, frozen_in_optimizer, frozen_but_changing, lr_zero,
-             zero_gradient, nonfinite, masked_inf, norm_decay, tied, reused, branch,
+             zero_gradient, nonfinite, masked_inf, norm_decay, tied, reused, branch, odd_layouts,
              demo("meta_memory"), demo("finetune_heads"), demo("clean")]
 
 
