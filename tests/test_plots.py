@@ -279,6 +279,13 @@ def test_no_step_completed_says_no_data():
     assert "no data" in texts(fig)
 
 
+def test_update_ratio_under_delta_off_says_why_it_is_empty():
+    d = diagkit.diagnose(diagkit.load_target("diagkit.demos:clean"), steps=2, delta="off")
+    fig = plots.update_ratio_figure(d.steps, d.params)
+    render(fig)
+    assert 'change norms not measured (delta="off")' in texts(fig)
+
+
 def test_steps_before_a_failure_are_drawn():
     d = failing_run(2)
     fig = plots.grad_norm_figure(d.steps, d.params)

@@ -180,6 +180,12 @@ def test_zero_gradient_every_gradient_exactly_zero():
     assert verdict_sets(params, steps)["w"] == {"zero_gradient", "stalled"}
 
 
+def test_empty_tensor_is_neither_stalled_nor_zero_gradient():
+    """numel 0: never changes and its gradient is all (no) zeros, trivially; not a finding."""
+    params, steps = tables(T("empty", numel=0, grad_norm=0.0, changed=False, delta_norm=0.0))
+    assert verdict_sets(params, steps)["empty"] == {"ok"}
+
+
 def test_zero_gradient_not_when_one_gradient_is_nonzero():
     assert hits("zero_gradient", T("w", grad_norm=[0.0, 0.0, 1e-30])) == {"w": False}
 

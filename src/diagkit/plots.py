@@ -216,7 +216,9 @@ def update_ratio_figure(steps: pd.DataFrame, params: pd.DataFrame, top: int = 8)
     values = ratio.to_numpy(dtype=float, na_value=np.nan)
     finite = np.isfinite(values)
     if not finite.any():
-        _no_data(ax, "no update ratio was recorded", title, ylabel)
+        unmeasured = steps["delta_norm"].isna().all()  # delta="off": change norms not measured
+        _no_data(ax, "change norms not measured (delta=\"off\")" if unmeasured
+                 else "no update ratio was recorded", title, ylabel)
         return fig
     positive = finite & (values > 0)
     smallest = values[positive].min() if positive.any() else 1e-5

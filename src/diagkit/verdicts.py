@@ -50,6 +50,11 @@ def _rg_used_counts(params, steps):
     return _per_tensor(params, steps, rg), _per_tensor(params, steps, rg & used)
 
 
+def _has_elements(params):
+    """An empty tensor can neither change nor carry a non-zero gradient: nothing to report."""
+    return params["numel"].fillna(1) > 0
+
+
 def _in_optimizer(params):
     return params["n_optimizers"] > 0
 
@@ -101,14 +106,15 @@ def stalled(params, steps):
     used = _per_tensor(params, steps, steps["used"].astype(bool))
     changed = _per_tensor(params, steps, steps["changed"].astype(bool))
     return (params["requires_grad"].astype(bool) & _in_optimizer(params)
-            & (used > 0) & (changed == 0))
+            & (used > 0) & (changed == 0) & _has_elements(params))
 
 
 @verdict("zero_gradient", "warning", "receives gradients, every one of them exactly zero")
 def zero_gradient(params, steps):
     used = steps["used"].astype(bool)
     nonzero = used & ~(steps["grad_norm"] == 0)
-    return (_per_tensor(params, steps, used) > 0) & (_per_tensor(params, steps, nonzero) == 0)
+    return ((_per_tensor(params, steps, used) > 0) & (_per_tensor(params, steps, nonzero) == 0)
+            & _has_elements(params))
 
 
 @verdict("nonfinite_grad", "error", "a gradient held NaN or Inf")
