@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import torch
 
-from .delta import DEFAULT_SAMPLE, check_mode
+from .delta import DEFAULT_SAMPLE, check_options
 from .diagnosis import Diagnosis
 from .errors import DiagkitError
 from .findings import build_advice, build_findings
@@ -55,9 +55,7 @@ def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
     n_steps = steps if steps is not None else (setup.steps or DEFAULT_STEPS)
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
         raise DiagkitError(f"steps must be a positive int, got {n_steps!r}")
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise DiagkitError(f"every must be a positive int, got {every!r}")
-    check_mode(delta, sample)
+    check_options(delta, sample, every)
 
     inventory = take_inventory(setup.model, setup.optimizers)
     if not inventory.tensors:
@@ -149,9 +147,7 @@ def run_target(target: str, target_args: dict | None = None, *, steps: int | Non
     from .checkpoint import audit, audit_finding, load_checkpoint, load_findings
     from .findings import sort_findings
 
-    check_mode(delta, DEFAULT_SAMPLE)
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise DiagkitError(f"every must be a positive int, got {every!r}")
+    check_options(delta, every=every)
     if nproc > 1:
         from .distributed import diagnose_distributed
         diag = diagnose_distributed(target, target_args, nproc=nproc, steps=steps,

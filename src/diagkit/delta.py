@@ -39,21 +39,22 @@ def make_probe(mode: str, tensors: list[torch.Tensor], likely_static: set[int],
     raise ValueError(f"delta must be one of {', '.join(MODES)}, got {mode!r}")
 
 
-def check_mode(mode, sample) -> None:
-    """A clear error before any work starts (the API and the CLI both call this)."""
+def check_options(delta, sample=DEFAULT_SAMPLE, every=1) -> None:
+    """A clear one-line error before any work starts (`observe` and `run_target` call this)."""
     from .errors import DiagkitError
-    if mode not in MODES:
-        raise DiagkitError(f"delta must be one of {', '.join(MODES)}, got {mode!r}")
-    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
-        raise DiagkitError(f"sample must be a positive int (elements per tensor), got {sample!r}")
+    if delta not in MODES:
+        raise DiagkitError(f"delta must be one of {', '.join(MODES)}, got {delta!r}")
+    for name, value, what in (("sample", sample, " (elements per tensor)"), ("every", every, "")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise DiagkitError(f"{name} must be a positive int{what}, got {value!r}")
 
 
 class ExactProbe:
     """Snapshot-and-subtract over the tensors at `indices` (all of them in exact mode).
 
-    Small tensors of equal size, dtype and device share one (count, numel) buffer, so their
-    norms take one kernel per bucket instead of one per tensor: on models with hundreds of
-    small tensors that per-tensor overhead was most of the cost.
+    Small tensors of one shape, dtype and device share a (count, *shape) buffer
+    (`kernels.Buckets`), so their norms take one kernel per group instead of one per tensor: on
+    models with hundreds of small tensors that per-tensor overhead was most of the cost.
     """
 
     def __init__(self, tensors, indices, likely_static: set[int]):
@@ -148,10 +149,10 @@ class ExactProbe:
             kernels.sub_all([self._before[p] for p in loose], self._now(loose))
             self._checked = sorted(self._expect_zero)
             for part in self._before_norm:
-                _queue(pending, f"{tag}.before", part)
+                pending.add(f"{tag}.before", part)
             for part in [kernels.row_norms(group["cur"]) for group in self._groups] \
                     + self._loose_norms():
-                _queue(pending, f"{tag}.l2", part)
+                pending.add(f"{tag}.l2", part)
             pending.add(f"{tag}.zero", [kernels.max_abs(diff[j]) for j in self._checked])
             pending.add(f"{tag}.other", [torch.ne(self._before[p], self.tensors[self.indices[p]])
                                          .any().float() for p in self.other_pos])
@@ -279,13 +280,6 @@ class FingerprintProbe:
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratio[at] = np.where(got["s.norm"] > 0, est / got["s.norm"], np.nan)
         return delta, changed, ratio
-
-
-def _queue(pending: kernels.Pending, name: str, part) -> None:
-    if isinstance(part, torch.Tensor):
-        pending.add_vector(name, part)
-    else:
-        pending.add(name, part)
 
 
 def _unorder(values: np.ndarray, order: np.ndarray) -> np.ndarray:

@@ -62,24 +62,23 @@ def exact_norm(t: torch.Tensor) -> float:
 
 
 def copy_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    if not dst:
-        return
-    try:
-        torch._foreach_copy_(dst, src)
-    except (RuntimeError, TypeError, NotImplementedError):
-        for d, s in zip(dst, src):
-            d.copy_(s)
+    _pairwise(torch._foreach_copy_, torch.Tensor.copy_, dst, src)
 
 
 def sub_all(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
     """dst <- dst - src, in place: the snapshot buffer becomes the step's change."""
+    _pairwise(torch._foreach_sub_, torch.Tensor.sub_, dst, src)
+
+
+def _pairwise(batched, one, dst, src) -> None:
+    """Batched where foreach can; one pair at a time where it can't (mixed devices, sparse)."""
     if not dst:
         return
     try:
-        torch._foreach_sub_(dst, src)
+        batched(dst, src)
     except (RuntimeError, TypeError, NotImplementedError):
         for d, s in zip(dst, src):
-            d.sub_(s)
+            one(d, s)
 
 
 def checksum(t: torch.Tensor) -> torch.Tensor:
@@ -115,7 +114,6 @@ class Buckets:
             for i in range(0, len(ks), per):
                 if len(ks[i:i + per]) >= 2:
                     self.groups.append((key, ks[i:i + per]))
-        self.group_of = {k: g for g, (_, ks) in enumerate(self.groups) for k in ks}
         # Fetch a group's members from a dict in one C call (a Python loop per tensor showed up
         # in the profile of models with hundreds of tensors).
         self._getters = [operator.itemgetter(*ks) for _, ks in self.groups]
@@ -198,8 +196,7 @@ class Fingerprinter:
         if t.numel() == 0:
             zero = torch.zeros((), dtype=torch.int32, device=device)
             return [zero, zero]
-        flat = t.reshape(-1).view(_INT_VIEW[t.element_size()]) if t.element_size() in _INT_VIEW \
-            else t.reshape(-1).view(torch.uint8)
+        flat = t.reshape(-1).view(_INT_VIEW.get(t.element_size(), torch.uint8))
         weights, scratch = self._buffers(device)
         plain = torch.zeros((), dtype=torch.int32, device=device)
         placed = torch.zeros((), dtype=torch.int32, device=device)
@@ -228,11 +225,10 @@ class Pending:
     def __init__(self):
         self._parts: dict[str, list] = {}
 
-    def add(self, name: str, scalars: list[torch.Tensor]) -> None:
-        self._parts.setdefault(name, []).append(list(scalars))
-
-    def add_vector(self, name: str, vector: torch.Tensor) -> None:
-        self._parts.setdefault(name, []).append(vector.reshape(-1))
+    def add(self, name: str, values) -> None:
+        """`values`: a list of 0-d tensors (foreach results) or one 1-D tensor (row norms)."""
+        chunk = values.reshape(-1) if isinstance(values, torch.Tensor) else list(values)
+        self._parts.setdefault(name, []).append(chunk)
 
     def read(self) -> dict[str, np.ndarray]:
         pieces: list[torch.Tensor] = []

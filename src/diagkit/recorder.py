@@ -52,8 +52,9 @@ class Recorder:
         self._held_by = [np.array([k for k, row in enumerate(inventory.rows)
                                    if any(i == o for o, _ in row["memberships"])], dtype=np.int64)
                          for i in range(len(optimizers))]
-        self._groups = sorted({g for g in inventory.first_group if g is not None})
-        self._group_of = np.array([-1 if g is None else self._groups.index(g)
+        # The (optimizer, param group) pairs whose lr is read, and each tensor's pair.
+        self._opt_groups = sorted({g for g in inventory.first_group if g is not None})
+        self._group_of = np.array([-1 if g is None else self._opt_groups.index(g)
                                    for g in inventory.first_group], dtype=np.int64)
         held = {int(k) for ks in self._held_by for k in ks}
         likely_static = {k for k, t in enumerate(self.tensors)
@@ -194,10 +195,7 @@ class Recorder:
             pending.add("fresh_l2", [])
             for ks, part in self._fresh_parts:
                 fresh += ks
-                if isinstance(part, torch.Tensor):
-                    pending.add_vector("fresh_l2", part)
-                else:
-                    pending.add("fresh_l2", part)
+                pending.add("fresh_l2", part)
             zero_checked = sorted(self._fresh_zero)
             pending.add("fresh_zero", [self._fresh_zero[k] for k in zero_checked])
             total = sorted(self._grad_l2)
@@ -280,7 +278,7 @@ class Recorder:
         if (groups >= 0).any():
             lrs = np.array([group_lr(self.optimizers[i].param_groups[j])
                             if j < len(self.optimizers[i].param_groups) else math.nan
-                            for i, j in self._groups])
+                            for i, j in self._opt_groups])
             self._lr[idx[groups >= 0]] = lrs[groups[groups >= 0]]
         if self.grads_untouched_until_step:  # measured at backward end: known to be there
             has_grad = self._measured[idx].copy()
