@@ -50,11 +50,11 @@ def read_checkpoint(path, trust: bool = False):
         detail = re.search(r"WeightsUnpickler error:\s*(.*?)\s*(?:Check the documentation|$)",
                            str(exc), re.S)
         raise DiagkitError(f"checkpoint {path} is not a readable PyTorch file (not a checkpoint, "
-                           f"or damaged): {_short(detail.group(1)) if detail else _short(exc)}"
+                           f"or damaged): {brief(detail.group(1)) if detail else brief(exc)}"
                            ) from None
     except Exception as exc:  # truncated zip, not a checkpoint at all, ...
         raise DiagkitError(f"checkpoint {path} is not a readable PyTorch file: "
-                           f"{type(exc).__name__}: {_short(exc)}") from None
+                           f"{type(exc).__name__}: {brief(exc)}") from None
 
 
 def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
@@ -63,10 +63,10 @@ def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
         return load_file(str(file), device="cpu")
     except Exception as exc:
         raise DiagkitError(f"checkpoint {file} is not a readable safetensors file: "
-                           f"{type(exc).__name__}: {_short(exc)}") from None
+                           f"{type(exc).__name__}: {brief(exc)}") from None
 
 
-def _short(exc: Exception) -> str:
+def brief(exc: Exception) -> str:
     return " ".join(str(exc).split())[:200]
 
 
@@ -181,7 +181,7 @@ def _load_optimizer_state(model, optimizers, saved: dict) -> dict:
         try:
             opt.load_state_dict(saved)
         except (ValueError, RuntimeError, KeyError) as exc:
-            return {**base, "optimizer": i, "why": _short(exc)}
+            return {**base, "optimizer": i, "why": brief(exc)}
         tensors = [p for g in opt.param_groups for p in g["params"]]
         with_state = [names.get(id(p), f"<optimizer {i} #{k}>") for k, p in enumerate(tensors)
                       if opt.state.get(p)]

@@ -29,10 +29,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .checkpoint import align_prefix, _short, find_state_dict, read_checkpoint
+from .checkpoint import align_prefix, brief, find_state_dict, read_checkpoint
 from .diagnosis import Diagnosis, records, to_jsonable, write_json_atomic
 from .errors import DiagkitError
-from .findings import Finding, subtrees, _what, human_bytes, sort_findings
+from .findings import Finding, subtrees, subject, human_bytes, sort_findings
 from .text import severity_summary
 
 CHUNK = 1 << 18  # elements of one tensor read, compared and released at a time
@@ -163,7 +163,7 @@ class _SafetensorsFile:
             self._keys = list(self.handle.keys())
         except Exception as exc:
             raise DiagkitError(f"checkpoint {path} is not a readable safetensors file: "
-                               f"{type(exc).__name__}: {_short(exc)}") from None
+                               f"{type(exc).__name__}: {brief(exc)}") from None
         if not self._keys:
             raise DiagkitError(f"checkpoint {path} holds no tensors")
         self._types = _TYPES
@@ -439,7 +439,7 @@ def _findings(table: pd.DataFrame, s: dict, same_file: bool) -> list[Finding]:
     elif s["unchanged"]:
         for label, group in _groups(table, comparable, status == "unchanged"):
             extras = [n for n in group["name"] if n.rsplit(".", 1)[-1] not in LAYER_LEAVES]
-            message = (f"{_what(label, group)} is bitwise identical in both checkpoints, while "
+            message = (f"{subject(label, group)} is bitwise identical in both checkpoints, while "
                        f"{s['changed']} other tensor{'s' if s['changed'] != 1 else ''} changed: "
                        "nothing trained it between these saves.")
             if extras:
@@ -456,7 +456,7 @@ def _findings(table: pd.DataFrame, s: dict, same_file: bool) -> list[Finding]:
                                     ("only_in_b", "B", "A", "added or renamed")):
         universe = table[f"in_{side.lower()}"]
         for label, group in _groups(table, universe, status == code):
-            message = (f"{_what(label, group)} is only in {side} (`{s[f'path_{side.lower()}']}`),"
+            message = (f"{subject(label, group)} is only in {side} (`{s[f'path_{side.lower()}']}`),"
                        f" not in {other}: {verb} between the saves.")
             fix = ("If it was renamed, map the old names to the new ones before "
                    "load_state_dict; if the change is intended, load with strict=False and "
@@ -465,7 +465,7 @@ def _findings(table: pd.DataFrame, s: dict, same_file: bool) -> list[Finding]:
     for label, group in _groups(table, both, status == "shape_mismatch"):
         shapes = "; ".join(f"`{n}` {_shape(a)} in A, {_shape(b)} in B" for n, a, b in
                            group[["name", "shape_a", "shape_b"]].head(3).itertuples(index=False))
-        message = (f"{_what(label, group)} has another shape in each checkpoint ({shapes}"
+        message = (f"{subject(label, group)} has another shape in each checkpoint ({shapes}"
                    f"{'; …' if len(group) > 3 else ''}): the model changed between the saves.")
         fix = ("load_state_dict fails on these names: build the model with the configuration "
                "the checkpoint was saved with, or skip or resize these tensors explicitly.")
@@ -473,7 +473,7 @@ def _findings(table: pd.DataFrame, s: dict, same_file: bool) -> list[Finding]:
     dtype_differs = comparable & (table["dtype_a"] != table["dtype_b"])
     for label, group in _groups(table, both, dtype_differs):
         first = group.iloc[0]
-        message = (f"{_what(label, group)} is stored as {first['dtype_a']} in A and "
+        message = (f"{subject(label, group)} is stored as {first['dtype_a']} in A and "
                    f"{first['dtype_b']} in B: compared by value, not bitwise.")
         fix = "Nothing to do if the cast is intended (e.g. a half-precision export)."
         add("dtype_mismatch", "info", label, group, message, fix)
@@ -504,10 +504,10 @@ def _status_severity(cmp: Comparison) -> dict[str, str]:
 def banner_html(cmp: Comparison) -> str:
     """Tensors and bytes per status, problems first and coloured by the severity of their
     finding; the two files and the totals. Every name is escaped."""
-    from .tables import _chip
+    from .tables import severity_chip
     s, severity = cmp.summary, _status_severity(cmp)
     chips = "".join(
-        _chip(severity[status], f"<b>{status}</b> {s[status]} tensor"
+        severity_chip(severity[status], f"<b>{status}</b> {s[status]} tensor"
                                 f"{'s' if s[status] != 1 else ''}, "
                                 f"{human_bytes(s[f'{status}_bytes'])}")
         for status in STATUSES if s[status])
@@ -534,7 +534,7 @@ TABLE_COLUMNS = ("name", "status", "shape", "dtype", "bytes", "relative_change",
 def table_styler(cmp: Comparison, limit: int = 200):
     """One row per tensor, problems first, as a pandas Styler: names escaped, numbers with 3
     significant digits, at most `limit` rows (the caption says how many were left out)."""
-    from .tables import SEVERITY_COLORS, _number, style_rows
+    from .tables import SEVERITY_COLORS, fmt_number, style_rows
     t = cmp.table
     order = _ordered(t)
     shown = t.iloc[order[:max(int(limit), 0)]]
@@ -547,7 +547,7 @@ def table_styler(cmp: Comparison, limit: int = 200):
         "name": shown["name"].astype(str), "status": shown["status"], "shape": shape,
         "dtype": [str(d).removeprefix("torch.") for d in dtype],
         "bytes": shown["bytes"].map(human_bytes),
-        **{c: shown[c].map(_number) for c in ("relative_change", "delta_norm", "norm_a",
+        **{c: shown[c].map(fmt_number) for c in ("relative_change", "delta_norm", "norm_a",
                                                "max_abs_diff")},
     }, columns=list(TABLE_COLUMNS)).reset_index(drop=True).astype(object)
     view.loc[shown["relative_change"].to_numpy() == math.inf, "relative_change"] = "from 0"

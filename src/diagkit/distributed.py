@@ -41,8 +41,8 @@ def diagnose_distributed(target: str, target_args: dict | None = None, *, nproc:
     with tempfile.TemporaryDirectory(prefix="diagkit-ddp-") as tmp:
         run_dir = Path(tmp)
         spec = {"run_dir": str(run_dir), "target": target, "target_args": target_args or {},
-                "delta": delta, "every": every,
-                "steps": steps or DEFAULT_STEPS, "checkpoint": checkpoint, "trust": trust_checkpoint,
+                "delta": delta, "every": every, "steps": steps or DEFAULT_STEPS,
+                "checkpoint": checkpoint, "trust": trust_checkpoint,
                 # collectives wait longer than our deadline, so the deadline names the stuck rank
                 "collective_timeout": timeout + 60.0, "measure_cost": measure_cost}
         (run_dir / "spec.json").write_text(json.dumps(spec))

@@ -261,7 +261,7 @@ class ExplorerState:
             problem = rank.get(name, 0) > 0
             line, = ax.plot(steps, values[:, j], marker="o", ms=3.5, lw=2.2 if problem else 1.2,
                             alpha=1 if problem else 0.7)
-            label = _short(name)
+            label = brief(name)
             if problem:
                 label += f" [{', '.join(verdicts[name])}]"
             if not finite[:, j].any():
@@ -500,5 +500,5 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def _short(name: str, width: int = 60) -> str:
+def brief(name: str, width: int = 60) -> str:
     return name if len(name) <= width else "…" + name[-(width - 1):]

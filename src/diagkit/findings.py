@@ -137,7 +137,7 @@ def accessor(name: str, root: str = "model") -> str:
     return out
 
 
-def _what(label: str, group: pd.DataFrame) -> str:
+def subject(label: str, group: pd.DataFrame) -> str:
     size = human_bytes(int(group["bytes"].sum()))
     if len(group) == 1:
         return f"`{group['name'].iloc[0]}` ({size})"
@@ -184,7 +184,7 @@ def _trend(steps: pd.DataFrame, names, column: str) -> str:
 def _explain_orphan(code, label, group, steps):
     names = list(group["name"])
     trend = _trend(steps, names, "grad_total_norm")
-    message = (f"{_what(label, group)} requires grad and receives gradients, but no optimizer "
+    message = (f"{subject(label, group)} requires grad and receives gradients, but no optimizer "
                f"holds it: it is never trained"
                + (f", and its .grad norm goes {trend} because optimizer.zero_grad() never "
                   "clears it" if trend else "") + ".")
@@ -206,7 +206,7 @@ def _explain_orphan(code, label, group, steps):
 def _explain_unused(code, label, group, steps):
     whole_module = (label and len(group) > 1 and group["in_model"].all()
                     and group.attrs.get("whole", True))
-    message = (f"{_what(label, group)} requires grad but never receives a gradient: the forward "
+    message = (f"{subject(label, group)} requires grad but never receives a gradient: the forward "
                "never uses it. Under DDP this forces find_unused_parameters=True, and it is dead "
                "weight in the optimizer and every checkpoint.")
     drop = (f"  — or drop the submodule before building the optimizer: del {accessor(label)}"
@@ -219,7 +219,7 @@ def _explain_unused(code, label, group, steps):
 def _explain_intermittent(code, label, group, steps):
     s = steps[steps["name"].isin(set(group["name"])) & steps["requires_grad"].astype(bool)]
     used_at = sorted(s.loc[s["used"].astype(bool), "step"].unique().tolist())
-    message = (f"{_what(label, group)} receives gradients on some steps only "
+    message = (f"{subject(label, group)} receives gradients on some steps only "
                f"(steps {used_at}): the forward takes a data-dependent branch.")
     fix = ("Keep DDP(find_unused_parameters=True) (static_graph is not possible), or make the "
            "branch contribute every step, e.g. loss = loss + 0.0 * sum(p.sum() for p in "
@@ -229,7 +229,7 @@ def _explain_intermittent(code, label, group, steps):
 
 def _explain_grad_not_cleared(code, label, group, steps):
     trend = _trend(steps, group["name"], "grad_total_norm")
-    message = (f"{_what(label, group)}: each step's gradient lands on the .grad left by the "
+    message = (f"{subject(label, group)}: each step's gradient lands on the .grad left by the "
                f"previous step, so gradients accumulate across steps"
                + (f" (.grad norm {trend})" if trend else "") + ".")
     fix = ("Make something zero it every step: put it in the optimizer (its zero_grad clears "
@@ -238,7 +238,7 @@ def _explain_grad_not_cleared(code, label, group, steps):
 
 
 def _explain_frozen_in_optimizer(code, label, group, steps):
-    message = (f"{_what(label, group)} is held by an optimizer although requires_grad is False: "
+    message = (f"{subject(label, group)} is held by an optimizer although requires_grad is False: "
                "momentum or weight decay can still move it, and its state costs memory.")
     fix = ("Build the optimizer from trainable tensors only: "
            "torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], ...)")
@@ -246,7 +246,7 @@ def _explain_frozen_in_optimizer(code, label, group, steps):
 
 
 def _explain_frozen_but_changing(code, label, group, steps):
-    message = (f"{_what(label, group)} changed on a step on which it did not require grad: "
+    message = (f"{subject(label, group)} changed on a step on which it did not require grad: "
                "something still updates it (momentum or weight decay of an optimizer that holds "
                "it, or an in-place write).")
     fix = ("When freezing, also remove it from the optimizer, or zero_grad(set_to_none=True) so "
@@ -262,13 +262,13 @@ def _explain_stalled(code, label, group, steps):
         why = "the optimizer step leaves it unchanged"
         fix = ("Check its group's lr, gradient clipping to zero, an optimizer that never "
                "steps, or updates too small for its dtype.")
-    message = (f"{_what(label, group)} requires grad, is held by an optimizer and receives "
+    message = (f"{subject(label, group)} requires grad, is held by an optimizer and receives "
                f"gradients, yet its value never changed: {why}.")
     return message, fix
 
 
 def _explain_zero_gradient(code, label, group, steps):
-    message = (f"{_what(label, group)} receives gradients, but every one is exactly zero: "
+    message = (f"{subject(label, group)} receives gradients, but every one is exactly zero: "
                "it is used, yet cannot influence the loss (multiplied by zero, masked, or "
                "behind a saturated activation).")
     fix = "Check the forward around it for a zero factor, a mask, or a .detach()-like cut."
@@ -276,14 +276,14 @@ def _explain_zero_gradient(code, label, group, steps):
 
 
 def _explain_nonfinite_grad(code, label, group, steps):
-    message = f"{_what(label, group)} received a gradient holding NaN or Inf."
+    message = f"{subject(label, group)} received a gradient holding NaN or Inf."
     fix = ("Find the first op producing it with torch.autograd.set_detect_anomaly(True); check "
            "the loss scale, log/sqrt/division of near-zero values, and the learning rate.")
     return message, fix
 
 
 def _explain_decay(code, label, group, steps):
-    message = (f"{_what(label, group)} is a bias or a normalization weight in a group with "
+    message = (f"{subject(label, group)} is a bias or a normalization weight in a group with "
                "weight_decay > 0; decaying these usually hurts.")
     fix = ("Split the groups by identity (as minGPT's configure_optimizers does): "
            "decay = [p for n, p in model.named_parameters() if p.dim() >= 2]; "
@@ -295,14 +295,14 @@ def _explain_decay(code, label, group, steps):
 
 def _explain_multiple(code, label, group, steps):
     pairs = sorted({p for m in group["memberships"] for p in m})
-    message = (f"{_what(label, group)} is held by more than one optimizer ({pairs}): it is "
+    message = (f"{subject(label, group)} is held by more than one optimizer ({pairs}): it is "
                "stepped twice per training step.")
     fix = "Give each tensor to exactly one optimizer; assert it as minGPT does when building them."
     return message, fix
 
 
 def _explain_not_in_model(code, label, group, steps):
-    message = (f"{_what(label, group)} is held by an optimizer but is not a parameter of the "
+    message = (f"{subject(label, group)} is held by an optimizer but is not a parameter of the "
                "model: model.zero_grad(), state_dict() and DDP's gradient sync all miss it.")
     fix = ("Register it on a module (self.x = nn.Parameter(...)) and build the optimizer from "
            "model.parameters(); drop stale heads from the optimizer.")
@@ -310,7 +310,7 @@ def _explain_not_in_model(code, label, group, steps):
 
 
 def _explain_generic(code, label, group, steps):
-    return f"{_what(label, group)}: {VERDICTS[code].meaning}.", "See the README's verdict table."
+    return f"{subject(label, group)}: {VERDICTS[code].meaning}.", "See the README's verdict table."
 
 
 _EXPLAIN = {

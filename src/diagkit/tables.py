@@ -103,7 +103,7 @@ def truncate_left(text: str, width: int) -> str:
     return text if len(text) <= width else "…" + text[-(width - 1):]
 
 
-def _number(value) -> str:
+def fmt_number(value) -> str:
     try:
         x = float(value)
     except (TypeError, ValueError):
@@ -115,7 +115,7 @@ def _numeric(series: pd.Series) -> pd.Series:
     return pd.to_numeric(series, errors="coerce")
 
 
-def _chip(severity: str, inner: str) -> str:
+def severity_chip(severity: str, inner: str) -> str:
     bg, fg = SEVERITY_COLORS.get(severity, SEVERITY_COLORS["info"])
     return (f'<span class="diagkit-chip {severity}" style="display:inline-block;margin:2px;'
             f'padding:2px 8px;border-radius:4px;background:{bg};color:{fg}">{inner}</span>')
@@ -136,7 +136,7 @@ def verdict_banner(diag) -> str:
             c[1] += int(size)
     order = sorted(counts, key=lambda v: (-_rank(verdict_severity(v)), -counts[v][1], v))
     chips = "".join(
-        _chip(verdict_severity(v),
+        severity_chip(verdict_severity(v),
               f"<b>{esc(v)}</b> {n} tensor{'s' if n != 1 else ''}, {human_bytes(b)}")
         for v in order for n, b in [counts[v]])
     steps = (diag.meta or {}).get("steps_observed")
@@ -247,13 +247,13 @@ def wiring_table(params: pd.DataFrame, limit: int = 200):
         "verdicts": p["verdicts"].map(lambda vs: ", ".join(map(str, vs))),
         "requires_grad": p["requires_grad"].map(lambda b: "yes" if bool(b) else "no"),
         "optimizer/group": opt_group,
-        "lr": p["lr"].map(_number),
-        "weight_decay": p["weight_decay"].map(_number),
+        "lr": p["lr"].map(fmt_number),
+        "weight_decay": p["weight_decay"].map(fmt_number),
         "used": _fraction(p["used_steps"], steps),
         "changed": _fraction(p["changed_steps"], steps),
-        "grad_norm": p["grad_norm"].map(_number),
-        "grad_total_norm": p["grad_total_norm"].map(_number),
-        "update_ratio": p["update_ratio"].map(_number),
+        "grad_norm": p["grad_norm"].map(fmt_number),
+        "grad_total_norm": p["grad_total_norm"].map(fmt_number),
+        "update_ratio": p["update_ratio"].map(fmt_number),
         "bytes": _numeric(p["bytes"]).fillna(0).astype(np.int64).map(human_bytes),
         "shape": p["shape"].map(lambda s: "×".join(map(str, s)) if len(s) else "scalar"),
         "module_type": p["module_type"].fillna("").astype(str),
@@ -471,7 +471,7 @@ def rank_view(diag, limit: int = 50) -> str:
                 f"<td>{esc(_use_by_rank(rows_of.get_group(name)))}</td>"
                 f"<td>{first}</td>"
                 f"<td style='text-align:right'>"
-                f"{_number(f['spread']) if f['diverged'] else '—'}</td></tr>")
+                f"{fmt_number(f['spread']) if f['diverged'] else '—'}</td></tr>")
         head = "".join(f"<th>{h}</th>" for h in ("tensor", "used on", "values diverged",
                                                  "max relative spread"))
         out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
