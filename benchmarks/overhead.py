@@ -175,7 +175,7 @@ MODES = ("exact", "sampled", "off")
 
 def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
                device: str = "cpu") -> dict:
-    from diagkit.api import step_function, judge_run
+    from diagkit.api import judge_run, loop_facts, step_function
     from diagkit.inventory import take_inventory
     from diagkit.recorder import Recorder
     from diagkit.state import SavedState
@@ -209,8 +209,7 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
         t0 = clock()
         inv = take_inventory(model, setup.optimizers)
         t1 = clock()
-        rec = Recorder(inv, setup.optimizers, delta=mode)
-        rec.grads_untouched_until_step = True  # the standard loop, as observe() sets it
+        rec = Recorder(inv, setup.optimizers, delta=mode, **loop_facts(setup))  # as observe()
         rec.attach()
         t2 = clock()
         times = []

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn as nn
 
 import diagkit
 from diagkit import kernels
+from diagkit.api import loop_facts, step_function
+from diagkit.target import Setup
 from test_zoo import (MLP, EvenBranch, MaskedHead, NormNet, Reuse, SqrtAtZero, TiedLM,
                       WithDeadHead, ZeroGate, fixed_batch, mse_loss, sum_loss)
 
@@ -185,6 +188,26 @@ def test_modes_give_the_verdicts_of_exact_mode(build, mode, exact_runs):
         small = b["name"].map(dict(zip(other.params["name"], other.params["numel"]))) <= SAMPLE
         np.testing.assert_array_equal(a.loc[small, "delta_norm"], b.loc[small, "delta_norm"])
         assert b["delta_norm"].notna().all()
+
+
+HAND_WRITTEN = [s for s in SCENARIOS if s not in (frozen_but_changing, branch)]
+
+
+@pytest.mark.parametrize("build", HAND_WRITTEN, ids=lambda b: b.__name__)
+def test_unhooked_standard_loop_measures_what_hooks_measure(build, exact_runs):
+    """The standard loop observes held tensors without hooks (`api.loop_facts`); the same loop
+    handed over as a `train_step` gets a hook on every tensor. Both must record the same."""
+    torch.manual_seed(0)
+    kwargs = build()
+    model, steps = kwargs.pop("model"), kwargs.pop("steps")
+    setup = model if isinstance(model, Setup) else Setup(model=model, **kwargs)
+    hand = Setup(model=setup.model, optimizers=setup.optimizers, lr_scheduler=setup.lr_scheduler,
+                 train_step=step_function(setup))
+    assert loop_facts(setup)["held_grads_start_none"]
+    assert not any(loop_facts(hand).values())
+    hooked = diagkit.diagnose(hand, steps=steps)
+    pd.testing.assert_frame_equal(hooked.steps, exact_runs[build.__name__].steps)
+    assert hooked.verdicts() == exact_runs[build.__name__].verdicts()
 
 
 def test_sampled_estimate_is_close_on_a_dense_update():

@@ -62,8 +62,7 @@ def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
         raise DiagkitError("the model has no parameters and the optimizers hold none: "
                            "nothing to diagnose")
     recorder = Recorder(inventory, setup.optimizers, checksums=checksums,
-                        on_progress=on_progress, delta=delta, sample=sample)
-    recorder.grads_untouched_until_step = setup.train_step is None
+                        on_progress=on_progress, delta=delta, sample=sample, **loop_facts(setup))
     saved = (SavedState(setup.model, inventory.tensors, setup.optimizers, setup.lr_scheduler)
              if restore else None)
     started = time.perf_counter()
@@ -86,6 +85,17 @@ def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
         **({"sample": sample} if delta != "exact" else {}),
     }
     return Observation(inventory.rows, recorder.steps_table(), failure, meta)
+
+
+def loop_facts(setup: Setup) -> dict[str, bool]:
+    """What the loop guarantees to the recorder (see `Recorder`): only the standard loop
+    (SPEC 2.1) promises anything; a hand-written `train_step` may do anything to .grad, and
+    under a process group DDP's all-reduce writes .grad of tensors this rank did not use."""
+    standard = setup.train_step is None
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return {"grads_untouched_until_step": standard,
+            "held_grads_start_none": standard and setup.zero_grad_set_to_none
+            and not distributed}
 
 
 def judge_run(rows: list[dict], steps_table: pd.DataFrame, failure: StepFailure | None,

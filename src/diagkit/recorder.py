@@ -36,7 +36,19 @@ class StepFailure:
 class Recorder:
     def __init__(self, inventory: Inventory, optimizers: list[torch.optim.Optimizer],
                  checksums: bool = False, on_progress: Callable | None = None,
-                 delta: str = "exact", sample: int = DEFAULT_SAMPLE):
+                 delta: str = "exact", sample: int = DEFAULT_SAMPLE,
+                 grads_untouched_until_step: bool = False, held_grads_start_none: bool = False):
+        """The last two say what the caller's loop guarantees (`api.loop_facts`); each lets
+        the recorder skip work that a hand-written `train_step` would need.
+
+        `grads_untouched_until_step`: nothing runs between backward and `optimizer.step()`
+        (no clipping, unscaling, accumulation), so every .grad measured when backward ended is
+        what the optimizer sees, unchecked. `held_grads_start_none`: each optimizer's
+        `zero_grad(set_to_none=True)` runs right before the step's one backward and no process
+        group reduces gradients, so a tensor an optimizer holds was reached by autograd exactly
+        when its .grad is set as the optimizer steps: it needs no hook (one Python call per
+        tensor per backward was a large part of observing models with many small tensors).
+        """
         self.inv = inventory
         self.checksums = checksums  # a value fingerprint per tensor and step, to compare ranks
         self.on_progress = on_progress  # on_progress(event, step, recorder): a watchdog's feed
@@ -62,16 +74,19 @@ class Recorder:
         self.probe = make_probe(delta, self.tensors, likely_static, sample)
         self._zero_grad_expected: set[int] = set()
         self._grad_buckets = Buckets(self.tensors)
-        # Set by the standard loop, where nothing runs between backward and optimizer.step():
-        # every .grad measured when backward ended is what the optimizer sees, unchecked.
-        self.grads_untouched_until_step = False
+        self.grads_untouched_until_step = grads_untouched_until_step
+        # Tensors observed without a hook: `used` and the fresh gradient come from .grad.
+        self._unhooked = np.zeros(self.n, dtype=bool)
+        if held_grads_start_none and grads_untouched_until_step:
+            self._unhooked[sorted(held)] = True
         self._fresh: dict[int, torch.Tensor] = {}
 
     # ----------------------------------------------------------------- hooks
     def attach(self) -> None:
         self.probe.attach()
         for k, t in enumerate(self.tensors):
-            self._hook_tensor(k, t)
+            if not self._unhooked[k]:
+                self._hook_tensor(k, t)
         for i, opt in enumerate(self.optimizers):
             self._handles.append(opt.register_step_pre_hook(self._optimizer_hook(i)))
 
@@ -137,6 +152,10 @@ class Recorder:
         if any(g is None for g in own.values()):
             own = {k: g for k, g in own.items() if g is not None}
             on_grad = [k for k in on_grad if k in own]
+        self._measure_fresh(own, on_grad)
+
+    def _measure_fresh(self, own: dict[int, torch.Tensor], on_grad: list[int]) -> None:
+        """Queue this backward's gradient norms; `on_grad`: those measured on .grad itself."""
         with torch.no_grad():
             self._fresh_parts += self._grad_buckets.norms(own)
             for k in self._zero_grad_expected.intersection(own):
@@ -146,6 +165,15 @@ class Recorder:
         self._measured[on_grad] = True
         if not self.grads_untouched_until_step:
             self._measured_grad.update((k, (own[k], own[k]._version)) for k in on_grad)
+
+    def _measure_unhooked(self, idx: np.ndarray) -> None:
+        """Held tensors without a hook, as their optimizer steps: .grad is this step's own."""
+        ks = idx.tolist()
+        own = {k: g for k, g in zip(ks, [self.tensors[k].grad for k in ks]) if g is not None}
+        used = self._used
+        for k in own:
+            used[k] = True
+        self._measure_fresh(own, list(own))
 
     def _optimizer_hook(self, i: int) -> Callable:
         def hook(*_args):
@@ -271,6 +299,9 @@ class Recorder:
         if not len(idx):
             return
         self._snapped[idx] = True
+        unhooked = self._unhooked[idx]
+        if unhooked.any():
+            self._measure_unhooked(idx[unhooked])
         tensors = self.tensors
         ks = idx.tolist()
         self._requires_grad[idx] = [tensors[k].requires_grad for k in ks]
