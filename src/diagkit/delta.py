@@ -86,8 +86,8 @@ class ExactProbe:
             if cur.nbytes <= budget:
                 spare, budget = self.buckets.matrix(g), budget - cur.nbytes
             group = {"g": g, "js": [j_of[k] for k in ks], "cur": cur, "spare": spare,
-                     "next_norm": None, "views": {id(m): list(m.unbind(0))
-                                                  for m in (cur, spare) if m is not None}}
+                     "next_norm": None, "members": [self.tensors[k] for k in ks],
+                     "views": {id(m): list(m.unbind(0)) for m in (cur, spare) if m is not None}}
             self._groups.append(group)
             self._point(group)
         grouped = {j for group in self._groups for j in group["js"]}
@@ -96,6 +96,9 @@ class ExactProbe:
         # The order in which per-tensor norms are queued: group by group, then the rest.
         self._order = np.array([j for group in self._groups for j in group["js"]] + self._loose,
                                dtype=np.int64)
+        at = np.array(self.indices, dtype=np.int64)
+        self._float_at = at[np.asarray(self.float_pos, dtype=np.int64)]  # rows in the tables
+        self._other_at = at[np.asarray(self.other_pos, dtype=np.int64)]
         for p in self._ungrouped:
             self._before[p] = torch.empty_like(tensors[p], memory_format=torch.preserve_format)
         with torch.no_grad():  # touch every page now: allocation is a one-off cost
@@ -112,9 +115,6 @@ class ExactProbe:
         self._groups = []
         self.buckets.clear()
 
-    def _members(self, group) -> list[torch.Tensor]:
-        return [self.tensors[self.indices[self.float_pos[j]]] for j in group["js"]]
-
     def _loose_norms(self) -> list:
         return [kernels.norms([self._before[self.float_pos[j]] for j in self._loose])]
 
@@ -127,7 +127,7 @@ class ExactProbe:
                     self._point(group)
                     norms.append(group["next_norm"])
                 else:
-                    torch.stack(self._members(group), out=group["cur"])
+                    torch.stack(group["members"], out=group["cur"])
                     norms.append(kernels.row_norms(group["cur"]))
                 group["next_norm"] = None
             loose = self._ungrouped
@@ -136,14 +136,13 @@ class ExactProbe:
 
     def end(self, pending: kernels.Pending, tag: str = "x") -> None:
         with torch.no_grad():
-            diff = [self._before[p] for p in self.float_pos]
             for group in self._groups:
                 if group["spare"] is not None:
                     after = group["spare"]
-                    torch.stack(self._members(group), out=after)
+                    torch.stack(group["members"], out=after)
                     group["next_norm"] = kernels.row_norms(after)
                 else:
-                    after = self.buckets.stacked(group["g"], self._members(group))
+                    after = self.buckets.stacked(group["g"], group["members"])
                 group["cur"].sub_(after)
             loose = [self.float_pos[j] for j in self._loose]
             kernels.sub_all([self._before[p] for p in loose], self._now(loose))
@@ -153,7 +152,8 @@ class ExactProbe:
             for part in [kernels.row_norms(group["cur"]) for group in self._groups] \
                     + self._loose_norms():
                 pending.add(f"{tag}.l2", part)
-            pending.add(f"{tag}.zero", [kernels.max_abs(diff[j]) for j in self._checked])
+            pending.add(f"{tag}.zero", [kernels.max_abs(self._before[self.float_pos[j]])
+                                        for j in self._checked])
             pending.add(f"{tag}.other", [torch.ne(self._before[p], self.tensors[self.indices[p]])
                                          .any().float() for p in self.other_pos])
 
@@ -172,30 +172,31 @@ class ExactProbe:
         before, l2 = _unorder(got[f"{tag}.before"], self._order), \
             _unorder(got[f"{tag}.l2"], self._order)
         checked = dict(zip(self._checked, got[f"{tag}.zero"]))
-        diff = [self._before[p] for p in self.float_pos]
+        before_buf, float_pos = self._before, self.float_pos
         zero_now = set()
         for j in np.flatnonzero(~(np.isfinite(l2) & (l2 > 0))):
             # 0: underflow or truly unchanged; inf: overflow or inf; NaN: a non-finite value.
             if np.isnan(l2[j]):
                 continue
-            mx = checked[j] if j in checked else float(kernels.max_abs(diff[j]))
-            l2[j] = 0.0 if mx == 0 else kernels.exact_norm(diff[j])
+            diff = before_buf[float_pos[j]]
+            mx = checked[j] if j in checked else float(kernels.max_abs(diff))
+            l2[j] = 0.0 if mx == 0 else kernels.exact_norm(diff)
             if l2[j] == 0:
                 zero_now.add(j)
         self._expect_zero = zero_now
-        f = np.array(self.indices, dtype=np.int64)[np.asarray(self.float_pos, dtype=np.int64)]
+        f = self._float_at
         fchanged = l2 != 0
         # A NaN (or inf - inf) makes before - after NaN without any change: decide those few
         # tensors element by element.
         for j in np.flatnonzero(np.isnan(l2)):
             k = self.indices[self.float_pos[j]]
-            fchanged[j], l2[j] = _nonfinite_change(diff[j], self.tensors[k],
+            fchanged[j], l2[j] = _nonfinite_change(before_buf[float_pos[j]], self.tensors[k],
                                                    before_had_nan=bool(np.isnan(before[j])))
         delta[f] = l2
         changed[f] = fchanged
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio[f] = np.where(before > 0, l2 / before, np.nan)
-        others = np.array(self.indices, dtype=np.int64)[np.asarray(self.other_pos, dtype=np.int64)]
+        others = self._other_at
         delta[others] = 0.0
         changed[others] = got[f"{tag}.other"] != 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import traceback
 from collections.abc import Callable
 
@@ -20,7 +21,7 @@ import torch
 
 from .delta import DEFAULT_SAMPLE, make_probe
 from .inventory import Inventory, group_lr
-from .kernels import Buckets, Pending, checksum, exact_norm, max_abs, norms
+from .kernels import Buckets, Pending, checksum, exact_norm, max_abs, norms, row_norms
 from .schema import STEPS_COLUMNS
 
 
@@ -75,10 +76,17 @@ class Recorder:
         self._zero_grad_expected: set[int] = set()
         self._grad_buckets = Buckets(self.tensors)
         self.grads_untouched_until_step = grads_untouched_until_step
-        # Tensors observed without a hook: `used` and the fresh gradient come from .grad.
+        # Tensors observed without a hook, each in the share of the first optimizer holding it
+        # (the standard loop steps them in order): `used` and the fresh gradient come from .grad.
         self._unhooked = np.zeros(self.n, dtype=bool)
+        self._shares: list[_Share | None] = [None] * len(optimizers)
         if held_grads_start_none and grads_untouched_until_step:
-            self._unhooked[sorted(held)] = True
+            for i, ks in enumerate(self._held_by):
+                mine = ks[~self._unhooked[ks]]
+                self._unhooked[mine] = True
+                if len(mine):
+                    self._shares[i] = _Share(mine, self.tensors, self._grad_buckets)
+        self._all = np.arange(self.n)
         self._fresh: dict[int, torch.Tensor] = {}
 
     # ----------------------------------------------------------------- hooks
@@ -152,32 +160,46 @@ class Recorder:
         if any(g is None for g in own.values()):
             own = {k: g for k, g in own.items() if g is not None}
             on_grad = [k for k in on_grad if k in own]
-        self._measure_fresh(own, on_grad)
-
-    def _measure_fresh(self, own: dict[int, torch.Tensor], on_grad: list[int]) -> None:
-        """Queue this backward's gradient norms; `on_grad`: those measured on .grad itself."""
         with torch.no_grad():
             self._fresh_parts += self._grad_buckets.norms(own)
             for k in self._zero_grad_expected.intersection(own):
                 self._fresh_zero[k] = max_abs(own[k])  # confirm an exact zero in the same read
-        self._fresh_src.append(own)
+        self._fresh_src.append((None, own))
         # Measured on .grad itself: reusable at optimizer time if nothing rewrote it.
         self._measured[on_grad] = True
         if not self.grads_untouched_until_step:
             self._measured_grad.update((k, (own[k], own[k]._version)) for k in on_grad)
 
-    def _measure_unhooked(self, idx: np.ndarray) -> None:
-        """Held tensors without a hook, as their optimizer steps: .grad is this step's own."""
-        ks = idx.tolist()
-        own = {k: g for k, g in zip(ks, [self.tensors[k].grad for k in ks]) if g is not None}
-        used = self._used
-        for k in own:
-            used[k] = True
-        self._measure_fresh(own, list(own))
+    def _take_share(self, share: "_Share") -> None:
+        """An optimizer's unhooked tensors as it steps: each .grad is this step's own.
+
+        Laid out once (`_Share`) so a step touches each tensor's Python object once: right
+        after a backward those objects are out of the CPU's caches, and every per-tensor pass
+        over them cost as much as a kernel.
+        """
+        idx = share.idx
+        grads, flags = share.read()
+        present = np.fromiter([g is not None for g in grads], dtype=bool, count=len(grads))
+        self._snapped[idx] = True
+        self._requires_grad[idx] = flags
+        self._used[idx] = present
+        self._set_lr(idx)
+        with torch.no_grad():
+            self._fresh_parts += share.norms(grads, self._grad_buckets)
+            for k in self._zero_grad_expected:
+                p = share.pos.get(k)
+                if p is not None and grads[p] is not None:
+                    self._fresh_zero[k] = max_abs(grads[p])  # confirm an exact zero
+        self._fresh_src.append((share.pos, grads))
+        self._grad_same.append(idx[present])  # nothing rewrote .grad: its norm is the fresh one
 
     def _optimizer_hook(self, i: int) -> Callable:
+        share = self._shares[i]
+
         def hook(*_args):
             if self._active:
+                if share is not None and not self._snapped[share.first]:
+                    self._take_share(share)
                 self._snapshot(self._held_by[i])
         return hook
 
@@ -186,7 +208,7 @@ class Recorder:
         """Start observing a step. `consecutive`: nothing ran since the last `end_step`."""
         n = self.n
         self._step = len(self._records) if step is None else step
-        self._used = [False] * n
+        self._used = np.zeros(n, dtype=bool)
         self._snapped = np.zeros(n, dtype=bool)
         self._touched: set[int] = set()
         self._backward_queued = False
@@ -200,7 +222,7 @@ class Recorder:
         self._requires_grad = np.zeros(n, dtype=bool)
         self._lr = np.full(n, math.nan)
         self._grad_l2: dict[int, torch.Tensor] = {}
-        self._grad_same: list[int] = []  # .grad norms equal to the fresh ones (untouched)
+        self._grad_same: list[np.ndarray] = []  # .grad norms equal to the fresh ones
         self.probe.begin(consecutive=consecutive)
         self._active = True
         if self.on_progress is not None:
@@ -214,7 +236,7 @@ class Recorder:
         self._measured_grad = {}
 
     def end_step(self, loss=None) -> None:
-        self._snapshot(np.arange(self.n))  # what no optimizer stepped: as it stands now
+        self._snapshot(self._all)  # what no optimizer stepped: as it stands now
         self._active = False
         pending = Pending()
         with torch.no_grad():
@@ -242,12 +264,13 @@ class Recorder:
         n = self.n
         grad_total = np.full(n, np.nan)
         grad_total[total] = got["grad_l2"]
-        grad_total[self._grad_same] = grad_norm[self._grad_same]
+        same = np.concatenate(self._grad_same) if self._grad_same else self._all[:0]
+        grad_total[same] = grad_norm[same]
         carried_grad = np.zeros(n, dtype=bool)
         carried_grad[carried] = got["carried"] != 0  # NaN != 0: a NaN .grad counts as carried
         self._records.append({
             "requires_grad": self._requires_grad,
-            "used": np.array(self._used, dtype=bool),
+            "used": self._used,
             "grad_norm": grad_norm,
             "grad_total_norm": grad_total,
             "carried_grad": carried_grad,
@@ -275,13 +298,16 @@ class Recorder:
         n = self.n
         grad_norm = np.full(n, np.nan)
         nonfinite = np.zeros(n, dtype=bool)
-        last = dict(zip(keys, values))  # a later backward of the same step supersedes
-        fresh = list(last)
-        l2 = np.fromiter(last.values(), dtype=np.float64, count=len(fresh))
+        fresh = np.array(keys, dtype=np.int64)
+        l2 = np.asarray(values, dtype=np.float64)
+        if len(self._fresh_src) > 1:  # a later backward of the same step supersedes
+            _, first = np.unique(fresh[::-1], return_index=True)
+            last = len(fresh) - 1 - first
+            fresh, l2 = fresh[last], l2[last]
         zero_now = set()
         for j in np.flatnonzero(~(np.isfinite(l2) & (l2 > 0))):
-            k = fresh[j]
-            g = next(src[k] for src in reversed(self._fresh_src) if k in src)
+            k = int(fresh[j])
+            g = self._fresh_grad(k)
             mx = zero_checked[k] if k in zero_checked else float(max_abs(g))
             if not np.isfinite(mx):  # a NaN or Inf element: the norm stays NaN or inf
                 nonfinite[k] = True
@@ -293,24 +319,26 @@ class Recorder:
         grad_norm[fresh] = l2
         return grad_norm, nonfinite
 
+    def _fresh_grad(self, k: int) -> torch.Tensor:
+        """Tensor k's gradient of this step's last backward that reached it."""
+        for pos, grads in reversed(self._fresh_src):
+            if pos is None:
+                if k in grads:
+                    return grads[k]
+            elif k in pos and grads[pos[k]] is not None:
+                return grads[pos[k]]
+        raise KeyError(k)
+
     def _snapshot(self, indices: np.ndarray) -> None:
         """What an optimizer sees as it steps: requires_grad, lr and .grad of what it holds."""
         idx = indices[~self._snapped[indices]]
         if not len(idx):
             return
         self._snapped[idx] = True
-        unhooked = self._unhooked[idx]
-        if unhooked.any():
-            self._measure_unhooked(idx[unhooked])
         tensors = self.tensors
         ks = idx.tolist()
         self._requires_grad[idx] = [tensors[k].requires_grad for k in ks]
-        groups = self._group_of[idx]
-        if (groups >= 0).any():
-            lrs = np.array([group_lr(self.optimizers[i].param_groups[j])
-                            if j < len(self.optimizers[i].param_groups) else math.nan
-                            for i, j in self._opt_groups])
-            self._lr[idx[groups >= 0]] = lrs[groups[groups >= 0]]
+        self._set_lr(idx)
         if self.grads_untouched_until_step:  # measured at backward end: known to be there
             has_grad = self._measured[idx].copy()
             rest = np.flatnonzero(~has_grad)
@@ -325,11 +353,20 @@ class Recorder:
             for j in np.flatnonzero(reusable):
                 g, version = measured[ks[j]]
                 reusable[j] = tensors[ks[j]].grad is g and g._version == version
-        self._grad_same += idx[reusable].tolist()
+        self._grad_same.append(idx[reusable])
         todo = idx[has_grad & ~reusable].tolist()
         with torch.no_grad():
             for k, v in zip(todo, norms([tensors[k].grad for k in todo])):
                 self._grad_l2[k] = v
+
+    def _set_lr(self, idx: np.ndarray) -> None:
+        groups = self._group_of[idx]
+        held = groups >= 0
+        if held.any():
+            lrs = np.array([group_lr(self.optimizers[i].param_groups[j])
+                            if j < len(self.optimizers[i].param_groups) else math.nan
+                            for i, j in self._opt_groups])
+            self._lr[idx[held]] = lrs[groups[held]]
 
     # ----------------------------------------------------------------- result
     def steps_table(self) -> pd.DataFrame:
@@ -352,6 +389,43 @@ class Recorder:
 
 
 _BOOL_COLS = {"requires_grad", "used", "carried_grad", "changed", "nonfinite"}
+_GRAD_AND_FLAG = operator.attrgetter("grad", "requires_grad")
+
+
+class _Share:
+    """An optimizer's unhooked tensors, with what a step needs laid out in advance: the tensor
+    objects, each one's position, and positional getters for the buckets wholly inside."""
+
+    def __init__(self, idx: np.ndarray, tensors: list[torch.Tensor], buckets: Buckets):
+        self.idx = idx
+        self.first = int(idx[0])  # taken this step when this one is snapped
+        self.ks = idx.tolist()
+        self.tensors = [tensors[k] for k in self.ks]
+        self.pos = {k: p for p, k in enumerate(self.ks)}
+        self.groups = []
+        grouped = set()
+        for g, (_, gks) in enumerate(buckets.groups):
+            if all(k in self.pos for k in gks):
+                self.groups.append((g, gks, operator.itemgetter(*[self.pos[k] for k in gks])))
+                grouped.update(gks)
+        self.loose = [p for p, k in enumerate(self.ks) if k not in grouped]
+
+    def read(self) -> tuple[list, list]:
+        """Every .grad and requires_grad, in one pass over the tensor objects."""
+        pairs = list(map(_GRAD_AND_FLAG, self.tensors))
+        return [g for g, _ in pairs], [f for _, f in pairs]
+
+    def norms(self, grads: list, buckets: Buckets) -> list[tuple[list[int], object]]:
+        """L2 norms of the gradients present: [(ks, 1-D tensor or list of 0-d tensors)]."""
+        out, loose = [], self.loose
+        for g, gks, getter in self.groups:
+            try:
+                out.append((gks, row_norms(buckets.stacked(g, list(getter(grads))))))
+            except (RuntimeError, TypeError):  # a member without .grad, or a sparse one
+                loose = loose + [self.pos[k] for k in gks]
+        loose = [p for p in loose if grads[p] is not None]
+        out.append(([self.ks[p] for p in loose], norms([grads[p] for p in loose])))
+        return out
 
 
 def run_steps(recorder: Recorder, step_fn: Callable[[int], object], steps: int,
