@@ -86,13 +86,13 @@ class ExactProbe:
             if cur.nbytes <= budget:
                 spare, budget = self.buckets.matrix(g), budget - cur.nbytes
             group = {"g": g, "js": [j_of[k] for k in ks], "cur": cur, "spare": spare,
-                     "next_norm": None, "members": [self.tensors[k] for k in ks],
-                     "views": {id(m): list(m.unbind(0)) for m in (cur, spare) if m is not None}}
+                     "next_norm": None, "members": [self.tensors[k] for k in ks]}
             self._groups.append(group)
-            self._point(group)
-        grouped = {j for group in self._groups for j in group["js"]}
-        self._loose = [j for j in range(len(self.float_pos)) if j not in grouped]
-        self._ungrouped = [p for p in range(len(tensors)) if self._before[p] is None]
+        # Where a grouped tensor's row lives; its snapshot is that row of the group's `cur`.
+        self._row = {j: (group, r) for group in self._groups for r, j in enumerate(group["js"])}
+        self._loose = [j for j in range(len(self.float_pos)) if j not in self._row]
+        grouped = {self.float_pos[j] for j in self._row}
+        self._ungrouped = [p for p in range(len(tensors)) if p not in grouped]
         # The order in which per-tensor norms are queued: group by group, then the rest.
         self._order = np.array([j for group in self._groups for j in group["js"]] + self._loose,
                                dtype=np.int64)
@@ -104,11 +104,12 @@ class ExactProbe:
         with torch.no_grad():  # touch every page now: allocation is a one-off cost
             self.begin()
 
-    def _point(self, group) -> None:
-        """Per-tensor views of the group's current snapshot buffer."""
-        before, float_pos = self._before, self.float_pos
-        for j, view in zip(group["js"], group["views"][id(group["cur"])]):
-            before[float_pos[j]] = view
+    def _snap(self, j: int) -> torch.Tensor:
+        """Float tensor j's snapshot: its value before the step until `end()`, then its change."""
+        if j in self._row:
+            group, r = self._row[j]
+            return group["cur"][r]
+        return self._before[self.float_pos[j]]
 
     def detach(self) -> None:
         self._before = []
@@ -116,7 +117,8 @@ class ExactProbe:
         self.buckets.clear()
 
     def _loose_norms(self) -> list:
-        return [kernels.norms([self._before[self.float_pos[j]] for j in self._loose])]
+        return [kernels.norms([self._before[self.float_pos[j]] for j in self._loose])] \
+            if self._loose else []
 
     def begin(self, consecutive: bool = False) -> None:
         norms = []
@@ -124,7 +126,6 @@ class ExactProbe:
             for group in self._groups:
                 if consecutive and group["next_norm"] is not None:
                     group["cur"], group["spare"] = group["spare"], group["cur"]
-                    self._point(group)
                     norms.append(group["next_norm"])
                 else:
                     torch.stack(group["members"], out=group["cur"])
@@ -136,24 +137,26 @@ class ExactProbe:
 
     def end(self, pending: kernels.Pending, tag: str = "x") -> None:
         with torch.no_grad():
-            for group in self._groups:
-                if group["spare"] is not None:
-                    after = group["spare"]
+            changes = []
+            for group in self._groups:  # each group's passes back to back, while it is cached
+                after = group["spare"]
+                if after is not None:
                     torch.stack(group["members"], out=after)
                     group["next_norm"] = kernels.row_norms(after)
                 else:
                     after = self.buckets.stacked(group["g"], group["members"])
-                group["cur"].sub_(after)
-            loose = [self.float_pos[j] for j in self._loose]
-            kernels.sub_all([self._before[p] for p in loose], self._now(loose))
+                changes.append(kernels.row_norms(group["cur"].sub_(after)))
+            if self._loose:
+                loose = [self.float_pos[j] for j in self._loose]
+                kernels.sub_all([self._before[p] for p in loose], self._now(loose))
             self._checked = sorted(self._expect_zero)
+            pending.add(f"{tag}.before", [])  # the names exist even with no float tensor
+            pending.add(f"{tag}.l2", [])
             for part in self._before_norm:
                 pending.add(f"{tag}.before", part)
-            for part in [kernels.row_norms(group["cur"]) for group in self._groups] \
-                    + self._loose_norms():
+            for part in changes + self._loose_norms():
                 pending.add(f"{tag}.l2", part)
-            pending.add(f"{tag}.zero", [kernels.max_abs(self._before[self.float_pos[j]])
-                                        for j in self._checked])
+            pending.add(f"{tag}.zero", [kernels.max_abs(self._snap(j)) for j in self._checked])
             pending.add(f"{tag}.other", [torch.ne(self._before[p], self.tensors[self.indices[p]])
                                          .any().float() for p in self.other_pos])
 
@@ -172,13 +175,12 @@ class ExactProbe:
         before, l2 = _unorder(got[f"{tag}.before"], self._order), \
             _unorder(got[f"{tag}.l2"], self._order)
         checked = dict(zip(self._checked, got[f"{tag}.zero"]))
-        before_buf, float_pos = self._before, self.float_pos
         zero_now = set()
         for j in np.flatnonzero(~(np.isfinite(l2) & (l2 > 0))):
             # 0: underflow or truly unchanged; inf: overflow or inf; NaN: a non-finite value.
             if np.isnan(l2[j]):
                 continue
-            diff = before_buf[float_pos[j]]
+            diff = self._snap(j)
             mx = checked[j] if j in checked else float(kernels.max_abs(diff))
             l2[j] = 0.0 if mx == 0 else kernels.exact_norm(diff)
             if l2[j] == 0:
@@ -190,7 +192,7 @@ class ExactProbe:
         # tensors element by element.
         for j in np.flatnonzero(np.isnan(l2)):
             k = self.indices[self.float_pos[j]]
-            fchanged[j], l2[j] = _nonfinite_change(before_buf[float_pos[j]], self.tensors[k],
+            fchanged[j], l2[j] = _nonfinite_change(self._snap(j), self.tensors[k],
                                                    before_had_nan=bool(np.isnan(before[j])))
         delta[f] = l2
         changed[f] = fchanged

@@ -220,34 +220,49 @@ class Pending:
 
     A measurement is added as a list of 0-d device tensors (what foreach kernels return) or
     as 1-D tensors holding one value per tensor (a bucketed kernel); a name may get several.
+    Kept lean: it runs once per observed step, when the CPU's caches are cold from the step's
+    own kernels and every Python operation costs several times its warm price.
     """
 
     def __init__(self):
-        self._parts: dict[str, list] = {}
+        self._pieces: list[torch.Tensor] = []
+        self._owner: list[str] = []           # the name of each piece
+        self._names: dict[str, None] = {}     # every name added, even with nothing
 
     def add(self, name: str, values) -> None:
         """`values`: a list of 0-d tensors (foreach results) or one 1-D tensor (row norms)."""
-        chunk = values.reshape(-1) if isinstance(values, torch.Tensor) else list(values)
-        self._parts.setdefault(name, []).append(chunk)
+        self._names[name] = None
+        if isinstance(values, torch.Tensor):
+            self._pieces.append(values.reshape(-1))
+            self._owner.append(name)
+        elif values:
+            chunk = _one_dimensional(list(values))
+            self._pieces += chunk
+            self._owner += [name] * len(chunk)
 
     def read(self) -> dict[str, np.ndarray]:
-        pieces: list[torch.Tensor] = []
-        spans: dict[str, int] = {}
-        for name, chunks in self._parts.items():
-            start = len(pieces)
-            for chunk in chunks:
-                pieces += _one_dimensional(chunk)
-            spans[name] = sum(p.numel() for p in pieces[start:])
-        out = readback(pieces)
-        bounds = np.cumsum(list(spans.values()))[:-1]
-        return dict(zip(spans, np.split(out, bounds)))
+        out = readback(self._pieces)
+        spans: dict[str, list[tuple[int, int]]] = {}
+        at = 0
+        for name, piece in zip(self._owner, self._pieces):
+            size = piece.numel()
+            spans.setdefault(name, []).append((at, at + size))
+            at += size
+        got = {}
+        for name in self._names:
+            parts = spans.get(name)
+            if not parts:
+                got[name] = out[:0]
+            elif len(parts) == 1 or all(b == c for (_, b), (c, _) in zip(parts, parts[1:])):
+                got[name] = out[parts[0][0]:parts[-1][1]]  # contiguous: a view
+            else:
+                got[name] = np.concatenate([out[a:b] for a, b in parts])
+        return got
 
 
-def _one_dimensional(chunk) -> list[torch.Tensor]:
-    if isinstance(chunk, torch.Tensor):
-        return [chunk]
-    if not chunk:
-        return []
+def _one_dimensional(chunk: list) -> list[torch.Tensor]:
+    if len(chunk) == 1:
+        return [chunk[0].reshape(1)]
     try:
         return [torch.stack(chunk)]
     except RuntimeError:  # scalars on several devices (or dtypes): keep them apart
