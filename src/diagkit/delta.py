@@ -97,7 +97,8 @@ class ExactProbe:
         self._order = np.array([j for group in self._groups for j in group["js"]] + self._loose,
                                dtype=np.int64)
         at = np.array(self.indices, dtype=np.int64)
-        self._float_at = at[np.asarray(self.float_pos, dtype=np.int64)]  # rows in the tables
+        # The table row of each queued norm.
+        self._queued_at = at[np.asarray(self.float_pos, dtype=np.int64)][self._order]
         self._other_at = at[np.asarray(self.other_pos, dtype=np.int64)]
         for p in self._ungrouped:
             self._before[p] = torch.empty_like(tensors[p], memory_format=torch.preserve_format)
@@ -171,33 +172,43 @@ class ExactProbe:
         return delta, changed, ratio
 
     def resolve_into(self, got: dict, tag: str, delta, changed, ratio) -> None:
-        """Fill the rows of `indices` in the three per-tensor arrays."""
-        before, l2 = _unorder(got[f"{tag}.before"], self._order), \
-            _unorder(got[f"{tag}.l2"], self._order)
-        checked = dict(zip(self._checked, got[f"{tag}.zero"]))
+        """Fill the rows of `indices` in the three per-tensor arrays.
+
+        Works in the order the norms were queued (`_order`: group by group), so the common
+        step is a handful of vectorised operations; only the rare tensor whose norm is 0 or
+        non-finite is looked at one by one.
+        """
+        before = got[f"{tag}.before"]
+        l2 = got[f"{tag}.l2"]  # a view of this step's read-back: ours to rewrite
+        order = self._order
+        rare = np.flatnonzero(~(l2 > 0) | np.isinf(l2))  # 0, inf or NaN
         zero_now = set()
-        for j in np.flatnonzero(~(np.isfinite(l2) & (l2 > 0))):
-            # 0: underflow or truly unchanged; inf: overflow or inf; NaN: a non-finite value.
-            if np.isnan(l2[j]):
-                continue
-            diff = self._snap(j)
-            mx = checked[j] if j in checked else float(kernels.max_abs(diff))
-            l2[j] = 0.0 if mx == 0 else kernels.exact_norm(diff)
-            if l2[j] == 0:
-                zero_now.add(j)
+        if len(rare):
+            checked = dict(zip(self._checked, got[f"{tag}.zero"]))
+            for q in rare:
+                # 0: underflow or truly unchanged; inf: overflow or inf; NaN: a non-finite
+                # value, decided below.
+                if np.isnan(l2[q]):
+                    continue
+                j = int(order[q])
+                diff = self._snap(j)
+                mx = checked[j] if j in checked else float(kernels.max_abs(diff))
+                l2[q] = 0.0 if mx == 0 else kernels.exact_norm(diff)
+                if l2[q] == 0:
+                    zero_now.add(j)
         self._expect_zero = zero_now
-        f = self._float_at
         fchanged = l2 != 0
         # A NaN (or inf - inf) makes before - after NaN without any change: decide those few
         # tensors element by element.
-        for j in np.flatnonzero(np.isnan(l2)):
+        for q in np.flatnonzero(np.isnan(l2)):
+            j = int(order[q])
             k = self.indices[self.float_pos[j]]
-            fchanged[j], l2[j] = _nonfinite_change(self._snap(j), self.tensors[k],
-                                                   before_had_nan=bool(np.isnan(before[j])))
+            fchanged[q], l2[q] = _nonfinite_change(self._snap(j), self.tensors[k],
+                                                   before_had_nan=bool(np.isnan(before[q])))
+        f = self._queued_at
         delta[f] = l2
         changed[f] = fchanged
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio[f] = np.where(before > 0, l2 / before, np.nan)
+        ratio[f] = np.divide(l2, before, out=np.full(len(l2), np.nan), where=before > 0)
         others = self._other_at
         delta[others] = 0.0
         changed[others] = got[f"{tag}.other"] != 0
@@ -283,12 +294,6 @@ class FingerprintProbe:
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratio[at] = np.where(got["s.norm"] > 0, est / got["s.norm"], np.nan)
         return delta, changed, ratio
-
-
-def _unorder(values: np.ndarray, order: np.ndarray) -> np.ndarray:
-    out = np.empty(len(order))
-    out[order] = values
-    return out
 
 
 def _nonfinite_change(delta: torch.Tensor, after: torch.Tensor,

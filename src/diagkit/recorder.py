@@ -85,7 +85,8 @@ class Recorder:
                 mine = ks[~self._unhooked[ks]]
                 self._unhooked[mine] = True
                 if len(mine):
-                    self._shares[i] = _Share(mine, self.tensors, self._grad_buckets)
+                    self._shares[i] = _Share(mine, self.tensors, self._grad_buckets,
+                                             self._group_of)
         self._all = np.arange(self.n)
         self._fresh: dict[int, torch.Tensor] = {}
 
@@ -183,7 +184,8 @@ class Recorder:
         self._snapped[idx] = True
         self._requires_grad[idx] = flags
         self._used[idx] = present
-        self._set_lr(idx)
+        if len(share.lr_rows):
+            self._lr[share.lr_rows] = self._group_lrs()[share.lr_groups]
         with torch.no_grad():
             self._fresh_parts += share.norms(grads, self._grad_buckets)
             for k in self._zero_grad_expected:
@@ -363,10 +365,13 @@ class Recorder:
         groups = self._group_of[idx]
         held = groups >= 0
         if held.any():
-            lrs = np.array([group_lr(self.optimizers[i].param_groups[j])
-                            if j < len(self.optimizers[i].param_groups) else math.nan
-                            for i, j in self._opt_groups])
-            self._lr[idx[held]] = lrs[groups[held]]
+            self._lr[idx[held]] = self._group_lrs()[groups[held]]
+
+    def _group_lrs(self) -> np.ndarray:
+        """The lr of each (optimizer, param group) pair, as it is now."""
+        return np.array([group_lr(self.optimizers[i].param_groups[j])
+                         if j < len(self.optimizers[i].param_groups) else math.nan
+                         for i, j in self._opt_groups])
 
     # ----------------------------------------------------------------- result
     def steps_table(self) -> pd.DataFrame:
@@ -396,8 +401,11 @@ class _Share:
     """An optimizer's unhooked tensors, with what a step needs laid out in advance: the tensor
     objects, each one's position, and positional getters for the buckets wholly inside."""
 
-    def __init__(self, idx: np.ndarray, tensors: list[torch.Tensor], buckets: Buckets):
+    def __init__(self, idx: np.ndarray, tensors: list[torch.Tensor], buckets: Buckets,
+                 group_of: np.ndarray):
         self.idx = idx
+        held = group_of[idx] >= 0
+        self.lr_rows, self.lr_groups = idx[held], group_of[idx][held]
         self.first = int(idx[0])  # taken this step when this one is snapped
         self.ks = idx.tolist()
         self.tensors = [tensors[k] for k in self.ks]
