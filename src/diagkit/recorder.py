@@ -243,11 +243,10 @@ class Recorder:
         pending = Pending()
         with torch.no_grad():
             self.probe.end(pending)
-            fresh = []
             pending.add("fresh_l2", [])
-            for ks, part in self._fresh_parts:
-                fresh += ks
+            for _, part in self._fresh_parts:
                 pending.add("fresh_l2", part)
+            fresh = [ks for ks, _ in self._fresh_parts]
             zero_checked = sorted(self._fresh_zero)
             pending.add("fresh_zero", [self._fresh_zero[k] for k in zero_checked])
             total = sorted(self._grad_l2)
@@ -294,13 +293,14 @@ class Recorder:
         if self.on_progress is not None:
             self.on_progress("end", self._step, self)
 
-    def _resolve_fresh(self, keys: list[int], values: np.ndarray, zero_checked: dict):
+    def _resolve_fresh(self, keys: list, values: np.ndarray, zero_checked: dict):
         """Fresh-gradient norms, exact at the edges: 0 only when every element is 0, and
         non-finite only when an element is. The float32 norm decides all other tensors."""
         n = self.n
         grad_norm = np.full(n, np.nan)
         nonfinite = np.zeros(n, dtype=bool)
-        fresh = np.array(keys, dtype=np.int64)
+        fresh = np.concatenate([np.asarray(ks, dtype=np.int64) for ks in keys]) if keys \
+            else self._all[:0]
         l2 = np.asarray(values, dtype=np.float64)
         if len(self._fresh_src) > 1:  # a later backward of the same step supersedes
             _, first = np.unique(fresh[::-1], return_index=True)
@@ -414,7 +414,8 @@ class _Share:
         grouped = set()
         for g, (_, gks) in enumerate(buckets.groups):
             if all(k in self.pos for k in gks):
-                self.groups.append((g, gks, operator.itemgetter(*[self.pos[k] for k in gks])))
+                self.groups.append((g, np.array(gks, dtype=np.int64),
+                                    operator.itemgetter(*[self.pos[k] for k in gks])))
                 grouped.update(gks)
         self.loose = [p for p, k in enumerate(self.ks) if k not in grouped]
 
@@ -430,9 +431,10 @@ class _Share:
             try:
                 out.append((gks, row_norms(buckets.stacked(g, list(getter(grads))))))
             except (RuntimeError, TypeError):  # a member without .grad, or a sparse one
-                loose = loose + [self.pos[k] for k in gks]
+                loose = loose + [self.pos[k] for k in gks.tolist()]
         loose = [p for p in loose if grads[p] is not None]
-        out.append(([self.ks[p] for p in loose], norms([grads[p] for p in loose])))
+        if loose:
+            out.append(([self.ks[p] for p in loose], norms([grads[p] for p in loose])))
         return out
 
 
