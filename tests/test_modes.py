@@ -144,6 +144,39 @@ def odd_layouts():
                 steps=3)
 
 
+def in_two_optimizers():
+    model = MLP()
+    opts = [torch.optim.SGD(model.parameters(), lr=0.05),
+            torch.optim.SGD([model.fc2.weight], lr=0.01)]  # fc2.weight held twice
+    return _standard(model, opts)
+
+
+class Siblings(nn.Module):
+    """Same-shaped layers share a bucket; one of them sits out every other batch, so its
+    group must fall back to one-by-one norms on those steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, batch):
+        x, use_c = batch
+        y = self.b(torch.tanh(self.a(x)))
+        return (self.c(y) if use_c else y).pow(2).mean()
+
+
+def partly_used_group():
+    model = Siblings()
+    x = fixed_batch()
+    count = {"n": 0}
+
+    def batch_fn():
+        count["n"] += 1
+        return x, count["n"] % 2 == 1
+    return dict(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=0.01),
+                batch_fn=batch_fn, loss_fn=lambda m, b: m(b), steps=4)
+
+
 def demo(name):
     def build():
         setup = diagkit.load_target(f"diagkit.demos:{name}")
@@ -154,6 +187,7 @@ def demo(name):
 
 SCENARIOS = [orphan, dead_head, frozen_in_optimizer, frozen_but_changing, lr_zero,
              zero_gradient, nonfinite, masked_inf, norm_decay, tied, reused, branch, odd_layouts,
+             in_two_optimizers, partly_used_group,
              demo("meta_memory"), demo("finetune_heads"), demo("clean")]
 
 
