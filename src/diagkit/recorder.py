@@ -197,12 +197,15 @@ class Recorder:
 
     def _optimizer_hook(self, i: int) -> Callable:
         share = self._shares[i]
+        # Held tensors outside the share: those an earlier optimizer holds too.
+        rest = self._held_by[i] if share is None else np.setdiff1d(self._held_by[i], share.idx)
 
         def hook(*_args):
             if self._active:
                 if share is not None and not self._snapped[share.first]:
                     self._take_share(share)
-                self._snapshot(self._held_by[i])
+                if len(rest):
+                    self._snapshot(rest)
         return hook
 
     # ----------------------------------------------------------------- steps
@@ -238,7 +241,8 @@ class Recorder:
         self._measured_grad = {}
 
     def end_step(self, loss=None) -> None:
-        self._snapshot(self._all)  # what no optimizer stepped: as it stands now
+        if not self._snapped.all():
+            self._snapshot(self._all)  # what no optimizer stepped: as it stands now
         self._active = False
         pending = Pending()
         with torch.no_grad():
