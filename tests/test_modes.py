@@ -8,6 +8,7 @@ elements are copied exactly, which would test nothing here).
 
 from __future__ import annotations
 
+import sys
 
 import numpy as np
 import pandas as pd
@@ -16,6 +17,7 @@ import torch
 import torch.nn as nn
 
 import diagkit
+from diagkit import delta as delta_module
 from diagkit import kernels
 from diagkit.api import loop_facts, step_function
 from diagkit.target import Setup
@@ -242,6 +244,34 @@ def test_unhooked_standard_loop_measures_what_hooks_measure(build, exact_runs):
     hooked = diagkit.diagnose(hand, steps=steps)
     pd.testing.assert_frame_equal(hooked.steps, exact_runs[build.__name__].steps)
     assert hooked.verdicts() == exact_runs[build.__name__].verdicts()
+
+
+@pytest.mark.parametrize("build", [masked_inf, nonfinite], ids=lambda b: b.__name__)
+def test_a_nan_change_is_decided_with_the_steps_read_back(build, monkeypatch):
+    """A tensor holding inf or NaN makes before - after NaN, decided element by element. After
+    the first step that shows it, the decision rides with the step's one read-back instead of
+    costing host reads of its own every step, and it decides the same."""
+    calls = []
+    real = delta_module._nonfinite_parts
+
+    def spy(change, after):
+        calls.append(sys._getframe(1).f_code.co_name)
+        return real(change, after)
+    monkeypatch.setattr(delta_module, "_nonfinite_parts", spy)
+    four = lambda: build() | {"steps": 4}  # noqa: E731
+    queued = run(four)
+    assert calls.count("resolve_into") == 1, calls  # only the first step decides on its own
+    assert calls.count("<listcomp>") >= 2  # the later steps: queued in end()
+
+    end = delta_module.ExactProbe.end
+
+    def end_expecting_nothing(self, pending, tag="x"):
+        self._expect_nan = set()
+        return end(self, pending, tag)
+    monkeypatch.setattr(delta_module.ExactProbe, "end", end_expecting_nothing)
+    direct = run(four)
+    pd.testing.assert_frame_equal(queued.steps, direct.steps)
+    assert direct.steps["changed"].tolist() == queued.steps["changed"].tolist()
 
 
 def test_sampled_estimate_is_close_on_a_dense_update():

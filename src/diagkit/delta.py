@@ -67,6 +67,9 @@ class ExactProbe:
         # exact zero check is queued with the norms, so confirming them costs no extra sync.
         self._expect_zero = {j for j, p in enumerate(self.float_pos)
                              if self.indices[p] in likely_static}
+        # Positions whose change came out NaN last step (a tensor holding inf or NaN, e.g. a
+        # frozen mask): their element-wise decision is queued too, instead of a sync each step.
+        self._expect_nan: set[int] = set()
         self._before: list[torch.Tensor] = []
 
     PINGPONG_BYTES = 64 << 20  # a second buffer per group, up to this much in all
@@ -158,6 +161,9 @@ class ExactProbe:
             for part in changes + self._loose_norms():
                 pending.add(f"{tag}.l2", part)
             pending.add(f"{tag}.zero", [kernels.max_abs(self._snap(j)) for j in self._checked])
+            self._nan_checked = sorted(self._expect_nan)
+            pending.add(f"{tag}.nan", [v for j in self._nan_checked for v in _nonfinite_parts(
+                self._snap(j), self.tensors[self.indices[self.float_pos[j]]])])
             pending.add(f"{tag}.other", [torch.ne(self._before[p], self.tensors[self.indices[p]])
                                          .any().float() for p in self.other_pos])
 
@@ -199,12 +205,16 @@ class ExactProbe:
         self._expect_zero = zero_now
         fchanged = l2 != 0
         # A NaN (or inf - inf) makes before - after NaN without any change: decide those few
-        # tensors element by element.
+        # tensors element by element (read back with the step when expected).
+        queued = dict(zip(self._nan_checked, got[f"{tag}.nan"].reshape(-1, 3)))
+        nan_now = set()
         for q in np.flatnonzero(np.isnan(l2)):
             j = int(order[q])
-            k = self.indices[self.float_pos[j]]
-            fchanged[q], l2[q] = _nonfinite_change(self._snap(j), self.tensors[k],
-                                                   before_had_nan=bool(np.isnan(before[q])))
+            nan_now.add(j)
+            parts = queued[j] if j in queued else _nonfinite_parts(
+                self._snap(j), self.tensors[self.indices[self.float_pos[j]]])
+            fchanged[q], l2[q] = _nonfinite_change(parts, before_had_nan=bool(np.isnan(before[q])))
+        self._expect_nan = nan_now
         f = self._queued_at
         delta[f] = l2
         changed[f] = fchanged
@@ -296,16 +306,20 @@ class FingerprintProbe:
         return delta, changed, ratio
 
 
-def _nonfinite_change(delta: torch.Tensor, after: torch.Tensor,
-                      before_had_nan: bool) -> tuple[bool, float]:
-    """Exact change for a tensor whose `before - after` holds NaN.
+def _nonfinite_parts(delta: torch.Tensor, after: torch.Tensor) -> list[torch.Tensor]:
+    """Device scalars that decide a change whose `before - after` holds NaN: whether a
+    non-NaN position differs, whether a NaN position is NaN now, and the norm without NaNs."""
+    nan = torch.isnan(delta)
+    return [((delta != 0) & ~nan).any().float(), (nan & torch.isnan(after)).any().float(),
+            torch.linalg.vector_norm(torch.where(nan, 0.0, delta.float()))]
+
+
+def _nonfinite_change(parts, before_had_nan: bool) -> tuple[bool, float]:
+    """Exact change for a tensor whose `before - after` holds NaN (from `_nonfinite_parts`).
 
     NaN arises from inf - inf of the same sign (unchanged) or from a NaN operand. Without a NaN
     before the step, a NaN position changed exactly when the value is NaN now. With NaNs on
     both sides, a position that is NaN both before and after counts as unchanged.
     """
-    nan = torch.isnan(delta)
-    changed = bool(((delta != 0) & ~nan).any()) or (
-        not before_had_nan and bool((nan & torch.isnan(after)).any()))
-    norm = float(torch.linalg.vector_norm(torch.where(nan, 0.0, delta.float())))
-    return changed, norm
+    differs, nan_now, norm = (float(v) for v in parts)
+    return bool(differs) or (not before_had_nan and bool(nan_now)), norm
