@@ -768,6 +768,9 @@ def main_cuda(args) -> int:
 
 def _print_and_save(result: dict, lines: list, out_path: Path, profile: bool) -> None:
     mode = result["mode"]
+    if mode == "quick":  # the goals are for the full sizes: a smoke run judges nothing
+        lines = [(*row[:3], "- (quick sizes)" if row[3] in ("met", "NOT met") else row[3])
+                 for row in lines]
 
     widths = [max(len(row[i]) for row in lines) for i in range(4)] if lines else [0] * 4
     header = ("measure", "measured", "goal", "status")
