@@ -220,7 +220,10 @@ class Recorder:
         self._carried: dict[int, torch.Tensor] = {}
         self._fresh = {}
         self._fresh_parts: list[tuple[list[int], object]] = []
-        self._fresh_src: list[dict[int, torch.Tensor]] = []  # per backward pass
+        # Where each gradient measured this step came from, to look at one again if its norm
+        # is 0 or non-finite: (None, {k: grad}) per hooked backward, (positions, grads) per
+        # share taken.
+        self._fresh_src: list[tuple[dict | None, dict | list]] = []
         self._fresh_zero: dict[int, torch.Tensor] = {}
         self._measured_grad: dict[int, tuple[torch.Tensor, int]] = {}
         self._measured = np.zeros(n, dtype=bool)
