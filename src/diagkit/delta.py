@@ -19,6 +19,8 @@ at the rare tensor whose float32 norm came out 0 or non-finite.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -105,6 +107,11 @@ class ExactProbe:
         self._other_at = at[np.asarray(self.other_pos, dtype=np.int64)]
         for p in self._ungrouped:
             self._before[p] = torch.empty_like(tensors[p], memory_format=torch.preserve_format)
+        # Large tensors on the CPU: the end of a step also takes the next step's snapshot
+        # (`_end_on_cpu`), and the next begin finds it there (`_ahead`: j -> its norm).
+        self._loose_cpu = {j for j in self._loose
+                           if tensors[self.float_pos[j]].device.type == "cpu"}
+        self._ahead: dict[int, torch.Tensor] = {}
         with torch.no_grad():  # touch every page now: allocation is a one-off cost
             self.begin()
 
@@ -120,10 +127,6 @@ class ExactProbe:
         self._groups = []
         self.buckets.clear()
 
-    def _loose_norms(self) -> list:
-        return [kernels.norms([self._before[self.float_pos[j]] for j in self._loose])] \
-            if self._loose else []
-
     def begin(self, consecutive: bool = False) -> None:
         norms = []
         with torch.no_grad():
@@ -135,9 +138,15 @@ class ExactProbe:
                     torch.stack(group["members"], out=group["cur"])
                     norms.append(kernels.row_norms(group["cur"]))
                 group["next_norm"] = None
-            loose = self._ungrouped
-            kernels.copy_all([self._before[p] for p in loose], self._now(loose))
-            self._before_norm = norms + self._loose_norms()
+            ahead, self._ahead = (self._ahead if consecutive else {}), {}
+            taken = {self.float_pos[j] for j in ahead}
+            copy = [p for p in self._ungrouped if p not in taken] if taken else self._ungrouped
+            kernels.copy_all([self._before[p] for p in copy], self._now(copy))
+            if self._loose:
+                todo = [j for j in self._loose if j not in ahead]
+                fresh = dict(zip(todo, kernels.norms([self._snap(j) for j in todo])))
+                norms.append([ahead[j] if j in ahead else fresh[j] for j in self._loose])
+            self._before_norm = norms
 
     def end(self, pending: kernels.Pending, tag: str = "x") -> None:
         with torch.no_grad():
@@ -150,22 +159,47 @@ class ExactProbe:
                 else:
                     after = self.buckets.stacked(group["g"], group["members"])
                 changes.append(kernels.row_norms(group["cur"].sub_(after)))
-            if self._loose:
-                loose = [self.float_pos[j] for j in self._loose]
-                kernels.sub_all([self._before[p] for p in loose], self._now(loose))
             self._checked = sorted(self._expect_zero)
+            self._nan_checked = sorted(self._expect_nan)
+            if self._loose:
+                changes.append(self._end_loose())
             pending.add(f"{tag}.before", [])  # the names exist even with no float tensor
             pending.add(f"{tag}.l2", [])
             for part in self._before_norm:
                 pending.add(f"{tag}.before", part)
-            for part in changes + self._loose_norms():
+            for part in changes:
                 pending.add(f"{tag}.l2", part)
             pending.add(f"{tag}.zero", [kernels.max_abs(self._snap(j)) for j in self._checked])
-            self._nan_checked = sorted(self._expect_nan)
             pending.add(f"{tag}.nan", [v for j in self._nan_checked for v in _nonfinite_parts(
                 self._snap(j), self.tensors[self.indices[self.float_pos[j]]])])
             pending.add(f"{tag}.other", [torch.ne(self._before[p], self.tensors[self.indices[p]])
                                          .any().float() for p in self.other_pos])
+
+    def _end_loose(self) -> list[torch.Tensor]:
+        """The change norms of the ungrouped tensors, in `_loose` order.
+
+        On the CPU each tensor is done whole while it is in cache: subtract, norm, then copy
+        its value as the next step's snapshot and norm that (one pass fewer over memory than
+        batching each operation across tensors, ~3 ms of a 520 ms GPT step). A tensor whose
+        change norm is 0 or non-finite keeps its change for `resolve` to confirm element-wise,
+        as do the tensors queued for that check. Elsewhere one batched kernel per operation.
+        """
+        keep = set(self._checked) | set(self._nan_checked)
+        ahead_ok = self._loose_cpu - keep if self._loose_cpu else ()
+        batched = [j for j in self._loose if j not in ahead_ok]
+        kernels.sub_all([self._snap(j) for j in batched], self._now(
+            [self.float_pos[j] for j in batched]))
+        out = dict(zip(batched, kernels.norms([self._snap(j) for j in batched])))
+        for j in self._loose:
+            if j not in ahead_ok:
+                continue
+            before, now = self._snap(j), self.tensors[self.indices[self.float_pos[j]]]
+            before.sub_(now)
+            out[j] = change = torch.linalg.vector_norm(before, dtype=torch.float32)
+            if 0 < float(change) < math.inf:  # a host read, but on the CPU that is free
+                before.copy_(now)
+                self._ahead[j] = torch.linalg.vector_norm(before, dtype=torch.float32)
+        return [out[j] for j in self._loose]
 
     def _now(self, positions) -> list[torch.Tensor]:
         return [self.tensors[self.indices[p]] for p in positions]
