@@ -60,7 +60,8 @@ SIZES = {
     "full": {
         "gpt": dict(layers=6, d=384, heads=6, vocab=8000, batch=8, ctx=64),
         "small": dict(blocks=250, width=64, batch=32),
-        "rounds": 7, "steps_per_block": {"gpt": 3, "small": 8},
+        # Rounds are cheap on (b) (~1 s each): more of them steady its median on a noisy host.
+        "rounds": {"gpt": 7, "small": 15}, "steps_per_block": {"gpt": 3, "small": 8},
         "mem_steps": 3,
         "report": dict(tensors=2000, steps=200),
         "stride": dict(tensors=2000, steps=1000, every=100, full_steps=20),
@@ -68,14 +69,14 @@ SIZES = {
     "quick": {
         "gpt": dict(layers=2, d=64, heads=4, vocab=500, batch=4, ctx=16),
         "small": dict(blocks=50, width=32, batch=8),
-        "rounds": 3, "steps_per_block": {"gpt": 3, "small": 3},
+        "rounds": {"gpt": 3, "small": 3}, "steps_per_block": {"gpt": 3, "small": 3},
         "mem_steps": 2,
         "report": dict(tensors=200, steps=20),
         "stride": dict(tensors=200, steps=100, every=10, full_steps=5),
     },
     "cuda": {
         "gpt_large": dict(layers=24, d=1024, heads=16, vocab=32000, batch=8, ctx=256),
-        "rounds": 5, "steps_per_block": {"gpt_large": 3},
+        "rounds": {"gpt_large": 5}, "steps_per_block": {"gpt_large": 3},
         "mem_steps": 3,
     },
 }
@@ -273,11 +274,7 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
     first_plain: list[float] = []
     first_observed: dict[str, list[float]] = {m: [] for m in MODES}
 
-    for _ in range(rounds):
-        # One restore point per round, alive during the plain block and the observed blocks
-        # alike (as it is during a diagnose(restore=True)): its ~5x host copies then weigh on
-        # both sides, and the ratio measures observation alone.
-        saved = capture()
+    def plain_block():
         a = []
         for i in range(k + 1):
             if cuda:
@@ -288,14 +285,36 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
             if cuda:
                 plain_alloc.append(torch.cuda.memory_stats().get(
                     "allocated_bytes.all.allocated", 0) - alloc0)
+        return a
+
+    for r in range(rounds):
+        # One restore point per round, alive during the plain block and the observed blocks
+        # alike (as it is during a diagnose(restore=True)): its ~5x host copies then weigh on
+        # both sides, and the ratio measures observation alone. The order alternates (plain
+        # first, then last) so a drift within a round favours neither side.
+        saved = capture()
+        # The restore point's ~5x host copies move the heap: the next few steps fault in
+        # fresh pages (+15-40 ms per step on (a), whichever block comes first). Untimed
+        # steps settle it, then the state is put back.
+        for i in range(k + 1):
+            step(i)
+        saved.restore()
+        order = ["plain", *MODES] if r % 2 == 0 else [*MODES, "plain"]
+        blocks = {}
+        for name in order:
+            if name == "plain":
+                blocks[name] = plain_block()
+                saved.restore()
+            else:
+                blocks[name] = observed_block(k + 1, record=True, saved=saved, mode=name)
         # Each block's first step pays one-off costs (fresh buffers, caches refilled after the
         # setup or the restore): kept apart, the ratio is over the steady-state steps.
-        saved.restore()
+        a = blocks["plain"]
         first_plain.append(a[0])
         a = a[1:]
         plain += a
         for mode in MODES:
-            b = observed_block(k + 1, record=True, saved=saved, mode=mode)
+            b = blocks[mode]
             first_observed[mode].append(b[0])
             b = b[1:]
             observed[mode] += b
@@ -649,7 +668,7 @@ def main(argv=None) -> int:
         result["step_time"] = {}
         for kind in ("gpt", "small"):
             print(f"[time] {kind} ...", file=sys.stderr, flush=True)
-            r = time_steps(kind, sz[kind], sz["rounds"], sz["steps_per_block"][kind],
+            r = time_steps(kind, sz[kind], sz["rounds"][kind], sz["steps_per_block"][kind],
                            args.profile)
             result["step_time"][kind] = r
             lines += _step_lines(kind, r, GOALS[f"step_ratio_{kind}"])
@@ -747,7 +766,8 @@ def main_cuda(args) -> int:
     started = time.perf_counter()
     lines = []
     print("[time] gpt_large on cuda ...", file=sys.stderr, flush=True)
-    r = time_steps("gpt_large", sz["gpt_large"], sz["rounds"], sz["steps_per_block"]["gpt_large"],
+    r = time_steps("gpt_large", sz["gpt_large"], sz["rounds"]["gpt_large"],
+                   sz["steps_per_block"]["gpt_large"],
                    args.profile, device="cuda")
     result["step_time"] = {"gpt_large": r}
     lines += _step_lines("gpt_large", r, GOALS["step_ratio_gpu"])
