@@ -263,10 +263,16 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
         fixed["saved_state_capture"].append(clock() - t)
         return saved
 
-    warm = capture()
+    # One restore point for the whole measurement, alive during every plain and observed block
+    # alike (as it is during a diagnose(restore=True)): its ~5x host copies then weigh on both
+    # sides, and each block starts from the same training state. A fresh one per round moved
+    # the heap: the next blocks ran +15-40 ms per step on (a), observed ones more than plain.
+    saved = capture()
     for mode in MODES:
-        observed_block(1, record=False, saved=warm, mode=mode)  # warm-up of the observed paths
-    del warm
+        observed_block(1, record=False, saved=saved, mode=mode)  # warm-up of the observed paths
+    for i in range(k + 1):  # and of the plain path, after the judging above
+        step(i)
+    saved.restore()
     for m in MODES:
         syncs[m].clear()
         extra_alloc[m].clear()
@@ -288,17 +294,8 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
         return a
 
     for r in range(rounds):
-        # One restore point per round, alive during the plain block and the observed blocks
-        # alike (as it is during a diagnose(restore=True)): its ~5x host copies then weigh on
-        # both sides, and the ratio measures observation alone. The order alternates (plain
-        # first, then last) so a drift within a round favours neither side.
-        saved = capture()
-        # The restore point's ~5x host copies move the heap: the next few steps fault in
-        # fresh pages (+15-40 ms per step on (a), whichever block comes first). Untimed
-        # steps settle it, then the state is put back.
-        for i in range(k + 1):
-            step(i)
-        saved.restore()
+        # The order alternates (plain first, then last) so a drift within a round favours
+        # neither side.
         order = ["plain", *MODES] if r % 2 == 0 else [*MODES, "plain"]
         blocks = {}
         for name in order:

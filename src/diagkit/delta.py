@@ -105,8 +105,8 @@ class ExactProbe:
         # The table row of each queued norm.
         self._queued_at = at[np.asarray(self.float_pos, dtype=np.int64)][self._order]
         self._other_at = at[np.asarray(self.other_pos, dtype=np.int64)]
-        for p in self._ungrouped:
-            self._before[p] = torch.empty_like(tensors[p], memory_format=torch.preserve_format)
+        for p, buf in zip(self._ungrouped, _slab([tensors[p] for p in self._ungrouped])):
+            self._before[p] = buf
         # Large tensors on the CPU: the end of a step also takes the next step's snapshot
         # (`_end_on_cpu`), and the next begin finds it there (`_ahead`: j -> its norm).
         self._loose_cpu = {j for j in self._loose
@@ -338,6 +338,27 @@ class FingerprintProbe:
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratio[at] = np.where(got["s.norm"] > 0, est / got["s.norm"], np.nan)
         return delta, changed, ratio
+
+
+def _slab(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Snapshot buffers shaped like `tensors`, carved from one allocation per device and dtype.
+
+    One large block sits outside the heap the training step allocates its gradients and
+    activations from (malloc maps it on its own), instead of dozens of tensor-sized holes in it
+    that moved where each step's allocations landed (measured: +5-15 ms per step on (a)).
+    """
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    kinds: dict[tuple, list[int]] = {}
+    for i, t in enumerate(tensors):
+        kinds.setdefault((t.device, t.dtype), []).append(i)
+    for (device, dtype), idx in kinds.items():
+        flat = torch.empty(sum(tensors[i].numel() for i in idx), dtype=dtype, device=device)
+        at = 0
+        for i in idx:
+            n = tensors[i].numel()
+            out[i] = flat[at:at + n].view(tensors[i].shape)
+            at += n
+    return out
 
 
 def _nonfinite_parts(delta: torch.Tensor, after: torch.Tensor) -> list[torch.Tensor]:
