@@ -60,8 +60,8 @@ SIZES = {
     "full": {
         "gpt": dict(layers=6, d=384, heads=6, vocab=8000, batch=8, ctx=64),
         "small": dict(blocks=250, width=64, batch=32),
-        # Rounds are cheap on (b) (~1 s each): more of them steady its median on a noisy host.
-        "rounds": {"gpt": 7, "small": 15}, "steps_per_block": {"gpt": 3, "small": 8},
+        # More rounds steady a median on a noisy host: (a) ~9 s each, (b) ~1 s each.
+        "rounds": {"gpt": 11, "small": 15}, "steps_per_block": {"gpt": 3, "small": 8},
         "mem_steps": 3,
         "report": dict(tensors=2000, steps=200),
         "stride": dict(tensors=2000, steps=1000, every=100, full_steps=20),
