@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from .schema import SEVERITY_RANK
+from .tables import truncate_left
 from .verdicts import SEVERITY
 
 METRICS: dict[str, str] = {
@@ -261,7 +262,7 @@ class ExplorerState:
             problem = rank.get(name, 0) > 0
             line, = ax.plot(steps, values[:, j], marker="o", ms=3.5, lw=2.2 if problem else 1.2,
                             alpha=1 if problem else 0.7)
-            label = brief(name)
+            label = truncate_left(name, 60)
             if problem:
                 label += f" [{', '.join(verdicts[name])}]"
             if not finite[:, j].any():
@@ -499,6 +500,3 @@ def _fmt(value) -> str:
         return f"{value:.3g}"
     return str(value)
 
-
-def brief(name: str, width: int = 60) -> str:
-    return name if len(name) <= width else "…" + name[-(width - 1):]
