@@ -499,4 +499,3 @@ def _fmt(value) -> str:
     if isinstance(value, (float, np.floating)):
         return f"{value:.3g}"
     return str(value)
-

@@ -114,9 +114,6 @@ class Buckets:
             for i in range(0, len(ks), per):
                 if len(ks[i:i + per]) >= 2:
                     self.groups.append((key, ks[i:i + per]))
-        # Fetch a group's members from a dict in one C call (a Python loop per tensor showed up
-        # in the profile of models with hundreds of tensors).
-        self._getters = [operator.itemgetter(*ks) for _, ks in self.groups]
         self._scratch: dict[tuple, torch.Tensor] = {}
 
     def matrix(self, g: int) -> torch.Tensor:
@@ -136,22 +133,49 @@ class Buckets:
         torch.stack(members, out=out)
         return out
 
-    def norms(self, items: dict[int, torch.Tensor]) -> list[tuple[list[int], object]]:
-        """L2 norms of `items` {k: tensor}: [(ks, 1-D tensor or list of 0-d tensors)]."""
-        out, done = [], set()
-        for g, (_, ks) in enumerate(self.groups):
-            try:
-                members = self._getters[g](items)
-                out.append((ks, row_norms(self.stacked(g, list(members)))))
-                done.update(ks)
-            except (KeyError, RuntimeError, TypeError):  # a member without a gradient this time,
-                pass  # or a sparse one: those go one by one below
-        loose = [k for k in items if k not in done] if done else list(items)
-        out.append((loose, norms([items[k] for k in loose])))
-        return out
-
     def clear(self) -> None:
         self._scratch.clear()
+
+
+class Layout:
+    """Tensors `ks` at fixed positions of a list, with the groups of `buckets` that lie wholly
+    among them, so a step's values (e.g. every `.grad`) are fetched group by group in one C
+    call each (`itemgetter`) instead of a Python loop per tensor."""
+
+    def __init__(self, ks: list[int], buckets: Buckets):
+        self.ks = ks
+        self.pos = {k: p for p, k in enumerate(ks)}
+        self.buckets = buckets
+        self.groups = []
+        grouped = set()
+        for g, (_, gks) in enumerate(buckets.groups):
+            if all(k in self.pos for k in gks):
+                self.groups.append((g, np.array(gks, dtype=np.int64),
+                                    operator.itemgetter(*[self.pos[k] for k in gks])))
+                grouped.update(gks)
+        self.loose = [p for p, k in enumerate(ks) if k not in grouped]
+
+    def get(self, values: list, k: int):
+        """Tensor k's value in `values`, None if it has none there."""
+        p = self.pos.get(k)
+        return None if p is None else values[p]
+
+    def norms(self, values: list) -> list[tuple[object, object]]:
+        """L2 norms of the values present (None: absent): [(ks, 1-D tensor or list of 0-d
+        tensors)], ks an index array or list.
+
+        A group with a member absent (TypeError) or sparse (RuntimeError) goes one by one.
+        """
+        out, loose = [], self.loose
+        for g, gks, getter in self.groups:
+            try:
+                out.append((gks, row_norms(self.buckets.stacked(g, list(getter(values))))))
+            except (RuntimeError, TypeError):
+                loose = loose + [self.pos[k] for k in gks.tolist()]
+        loose = [p for p in loose if values[p] is not None]
+        if loose:
+            out.append(([self.ks[p] for p in loose], norms([values[p] for p in loose])))
+        return out
 
 
 def row_norms(matrix: torch.Tensor) -> torch.Tensor:

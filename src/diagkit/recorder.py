@@ -21,7 +21,7 @@ import torch
 
 from .delta import DEFAULT_SAMPLE, make_probe
 from .inventory import Inventory, group_lr
-from .kernels import Buckets, Pending, checksum, exact_norm, max_abs, norms, row_norms
+from .kernels import Buckets, Layout, Pending, checksum, exact_norm, max_abs, norms
 from .schema import STEPS_COLUMNS
 
 
@@ -75,6 +75,7 @@ class Recorder:
         self.probe = make_probe(delta, self.tensors, likely_static, sample)
         self._zero_grad_expected: set[int] = set()
         self._grad_buckets = Buckets(self.tensors)
+        self._everything = Layout(list(range(self.n)), self._grad_buckets)  # for hooked backwards
         self.grads_untouched_until_step = grads_untouched_until_step
         # Tensors observed without a hook, each in the share of the first optimizer holding it
         # (the standard loop steps them in order): `used` and the fresh gradient come from .grad.
@@ -161,11 +162,7 @@ class Recorder:
         if any(g is None for g in own.values()):
             own = {k: g for k, g in own.items() if g is not None}
             on_grad = [k for k in on_grad if k in own]
-        with torch.no_grad():
-            self._fresh_parts += self._grad_buckets.norms(own)
-            for k in self._zero_grad_expected.intersection(own):
-                self._fresh_zero[k] = max_abs(own[k])  # confirm an exact zero in the same read
-        self._fresh_src.append((None, own))
+        self._measure_fresh(self._everything, [own.get(k) for k in range(self.n)])
         # Measured on .grad itself: reusable at optimizer time if nothing rewrote it.
         self._measured[on_grad] = True
         if not self.grads_untouched_until_step:
@@ -186,14 +183,19 @@ class Recorder:
         self._used[idx] = present
         if len(share.lr_rows):
             self._lr[share.lr_rows] = self._group_lrs()[share.lr_groups]
-        with torch.no_grad():
-            self._fresh_parts += share.norms(grads, self._grad_buckets)
-            for k in self._zero_grad_expected:
-                p = share.pos.get(k)
-                if p is not None and grads[p] is not None:
-                    self._fresh_zero[k] = max_abs(grads[p])  # confirm an exact zero
-        self._fresh_src.append((share.pos, grads))
+        self._measure_fresh(share.layout, grads)
         self._grad_same.append(idx[present])  # nothing rewrote .grad: its norm is the fresh one
+
+    def _measure_fresh(self, layout: Layout, grads: list) -> None:
+        """Queue the norms of one backward's gradients (`grads` at `layout`'s positions, None
+        where there is none), and an exact-zero check where a zero is expected."""
+        with torch.no_grad():
+            self._fresh_parts += layout.norms(grads)
+            for k in self._zero_grad_expected:
+                g = layout.get(grads, k)
+                if g is not None:
+                    self._fresh_zero[k] = max_abs(g)  # confirm an exact zero in the same read
+        self._fresh_src.append((layout, grads))
 
     def _optimizer_hook(self, i: int) -> Callable:
         share = self._shares[i]
@@ -220,10 +222,9 @@ class Recorder:
         self._carried: dict[int, torch.Tensor] = {}
         self._fresh = {}
         self._fresh_parts: list[tuple[list[int], object]] = []
-        # Where each gradient measured this step came from, to look at one again if its norm
-        # is 0 or non-finite: (None, {k: grad}) per hooked backward, (positions, grads) per
-        # share taken.
-        self._fresh_src: list[tuple[dict | None, dict | list]] = []
+        # Each backward's gradients as measured (layout, values), to look at one again if its
+        # norm comes out 0 or non-finite.
+        self._fresh_src: list[tuple[Layout, list]] = []
         self._fresh_zero: dict[int, torch.Tensor] = {}
         self._measured_grad: dict[int, tuple[torch.Tensor, int]] = {}
         self._measured = np.zeros(n, dtype=bool)
@@ -330,12 +331,10 @@ class Recorder:
 
     def _fresh_grad(self, k: int) -> torch.Tensor:
         """Tensor k's gradient of this step's last backward that reached it."""
-        for pos, grads in reversed(self._fresh_src):
-            if pos is None:
-                if k in grads:
-                    return grads[k]
-            elif k in pos and grads[pos[k]] is not None:
-                return grads[pos[k]]
+        for layout, grads in reversed(self._fresh_src):
+            g = layout.get(grads, k)
+            if g is not None:
+                return g
         raise KeyError(k)
 
     def _snapshot(self, indices: np.ndarray) -> None:
@@ -406,43 +405,21 @@ _GRAD_AND_FLAG = operator.attrgetter("grad", "requires_grad")
 
 class _Share:
     """An optimizer's unhooked tensors, with what a step needs laid out in advance: the tensor
-    objects, each one's position, and positional getters for the buckets wholly inside."""
+    objects, their layout (positions, bucket groups) and the rows whose lr is read."""
 
     def __init__(self, idx: np.ndarray, tensors: list[torch.Tensor], buckets: Buckets,
                  group_of: np.ndarray):
         self.idx = idx
+        self.first = int(idx[0])  # taken this step when this one is snapped
+        self.layout = Layout(idx.tolist(), buckets)
+        self.tensors = [tensors[k] for k in self.layout.ks]
         held = group_of[idx] >= 0
         self.lr_rows, self.lr_groups = idx[held], group_of[idx][held]
-        self.first = int(idx[0])  # taken this step when this one is snapped
-        self.ks = idx.tolist()
-        self.tensors = [tensors[k] for k in self.ks]
-        self.pos = {k: p for p, k in enumerate(self.ks)}
-        self.groups = []
-        grouped = set()
-        for g, (_, gks) in enumerate(buckets.groups):
-            if all(k in self.pos for k in gks):
-                self.groups.append((g, np.array(gks, dtype=np.int64),
-                                    operator.itemgetter(*[self.pos[k] for k in gks])))
-                grouped.update(gks)
-        self.loose = [p for p, k in enumerate(self.ks) if k not in grouped]
 
     def read(self) -> tuple[list, list]:
         """Every .grad and requires_grad, in one pass over the tensor objects."""
         pairs = list(map(_GRAD_AND_FLAG, self.tensors))
         return [g for g, _ in pairs], [f for _, f in pairs]
-
-    def norms(self, grads: list, buckets: Buckets) -> list[tuple[list[int], object]]:
-        """L2 norms of the gradients present: [(ks, 1-D tensor or list of 0-d tensors)]."""
-        out, loose = [], self.loose
-        for g, gks, getter in self.groups:
-            try:
-                out.append((gks, row_norms(buckets.stacked(g, list(getter(grads))))))
-            except (RuntimeError, TypeError):  # a member without .grad, or a sparse one
-                loose = loose + [self.pos[k] for k in gks.tolist()]
-        loose = [p for p in loose if grads[p] is not None]
-        if loose:
-            out.append(([self.ks[p] for p in loose], norms([grads[p] for p in loose])))
-        return out
 
 
 def run_steps(recorder: Recorder, step_fn: Callable[[int], object], steps: int,
