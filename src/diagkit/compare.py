@@ -508,8 +508,8 @@ def banner_html(cmp: Comparison) -> str:
     s, severity = cmp.summary, _status_severity(cmp)
     chips = "".join(
         severity_chip(severity[status], f"<b>{status}</b> {s[status]} tensor"
-                                f"{'s' if s[status] != 1 else ''}, "
-                                f"{human_bytes(s[f'{status}_bytes'])}")
+                                        f"{'s' if s[status] != 1 else ''}, "
+                                        f"{human_bytes(s[f'{status}_bytes'])}")
         for status in STATUSES if s[status])
     esc = html.escape
     return (f'<div class="diagkit-banner banner"><div>{chips}</div>'
@@ -548,7 +548,7 @@ def table_styler(cmp: Comparison, limit: int = 200):
         "dtype": [str(d).removeprefix("torch.") for d in dtype],
         "bytes": shown["bytes"].map(human_bytes),
         **{c: shown[c].map(fmt_number) for c in ("relative_change", "delta_norm", "norm_a",
-                                               "max_abs_diff")},
+                                                  "max_abs_diff")},
     }, columns=list(TABLE_COLUMNS)).reset_index(drop=True).astype(object)
     view.loc[shown["relative_change"].to_numpy() == math.inf, "relative_change"] = "from 0"
     severity = _status_severity(cmp)

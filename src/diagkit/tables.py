@@ -137,7 +137,7 @@ def verdict_banner(diag) -> str:
     order = sorted(counts, key=lambda v: (-_rank(verdict_severity(v)), -counts[v][1], v))
     chips = "".join(
         severity_chip(verdict_severity(v),
-              f"<b>{esc(v)}</b> {n} tensor{'s' if n != 1 else ''}, {human_bytes(b)}")
+                      f"<b>{esc(v)}</b> {n} tensor{'s' if n != 1 else ''}, {human_bytes(b)}")
         for v in order for n, b in [counts[v]])
     steps = (diag.meta or {}).get("steps_observed")
     if steps is None:
