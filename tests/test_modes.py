@@ -22,7 +22,8 @@ from diagkit import kernels
 from diagkit.api import loop_facts, step_function
 from diagkit.target import Setup
 from test_zoo import (MLP, EvenBranch, MaskedHead, NormNet, Reuse, SqrtAtZero, TiedLM,
-                      WithDeadHead, ZeroGate, fixed_batch, mse_loss, sum_loss)
+                      WithDeadHead, ZeroGate, fixed_batch, freeze_fc1_weight_at_step_2, mse_loss,
+                      sum_loss)
 
 SAMPLE = 3
 
@@ -52,17 +53,8 @@ def frozen_in_optimizer():
 def frozen_but_changing():
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x = fixed_batch()
-
-    def train_step(i):
-        opt.zero_grad(set_to_none=False)
-        if i == 2:
-            model.fc1.weight.requires_grad_(False)
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        return loss
-    return dict(model=model, optimizer=opt, train_step=train_step, steps=4)
+    return dict(model=model, optimizer=opt, steps=4,
+                train_step=freeze_fc1_weight_at_step_2(model, opt, fixed_batch()))
 
 
 def lr_zero():

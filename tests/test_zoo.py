@@ -293,6 +293,20 @@ def test_frozen_from_start_not_in_optimizer_is_ok():
     assert diag.advice["find_unused_parameters"]["value"] is False
 
 
+def freeze_fc1_weight_at_step_2(model, opt, x):
+    """A train_step that zeroes .grad in place (no set_to_none) and freezes fc1.weight at
+    step 2: the zeroed .grad stays, so momentum or Adam's state keep moving it."""
+    def train_step(i):
+        opt.zero_grad(set_to_none=False)
+        if i == 2:
+            model.fc1.weight.requires_grad_(False)
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+    return train_step
+
+
 @pytest.mark.parametrize("make_opt", [
     lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
     lambda ps: torch.optim.Adam(ps, lr=0.01),
@@ -302,17 +316,7 @@ def test_frozen_but_changing_mid_run_freeze(make_opt):
     torch.manual_seed(0)
     model = MLP()
     opt = make_opt(model.parameters())
-    x = fixed_batch()
-
-    def train_step(i):
-        opt.zero_grad(set_to_none=False)
-        if i == 2:
-            model.fc1.weight.requires_grad_(False)
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        return loss
-
+    train_step = freeze_fc1_weight_at_step_2(model, opt, fixed_batch())
     diag = diagkit.diagnose(model, opt, train_step=train_step, steps=4)
     assert_verdicts(diag, {"fc1.weight": {"frozen_but_changing", "frozen_in_optimizer"},
                            "fc1.bias": OK, "fc2.weight": OK, "fc2.bias": OK})
