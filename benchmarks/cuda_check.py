@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import diagkit
-from diagkit import kernels
+from diagkit.measure.fingerprint import Fingerprinter
 
 
 class Net(nn.Module):
@@ -57,7 +57,7 @@ def main() -> int:
         failures += not ok
         print(f"{'PASS' if ok else 'FAIL'}  {name}  {detail}", flush=True)
 
-    fp = kernels.Fingerprinter()
+    fp = Fingerprinter()
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         t = torch.randn(3 * fp.CHUNK + 17, generator=torch.Generator().manual_seed(3)).to(dtype)
         cpu = [int(v) for v in fp(t)]
@@ -70,18 +70,19 @@ def main() -> int:
         check(f"GPU verdicts, delta={delta}, equal CPU exact", diag.verdicts() == cpu,
               str({k: sorted(v) for k, v in diag.verdicts().items() if v != {"ok"}}))
 
-    from diagkit.api import _as_setup, step_function
-    from diagkit.inventory import take_inventory
-    from diagkit.recorder import Recorder
+    from diagkit.measure.inventory import take_inventory
+    from diagkit.measure.observer import Observer
+    from diagkit.run.loop import step_function
+    from diagkit.run.target import Setup
     torch.manual_seed(0)
     model = Net().cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(32, 64, device="cuda")
-    step = step_function(_as_setup(model, opt, lambda: x, lambda m, b: m(b).pow(2).mean(),
-                                   None, None, None))
+    step = step_function(Setup(model=model, optimizer=opt, batch_fn=lambda: x,
+                               loss_fn=lambda m, b: m(b).pow(2).mean()))
     step(0)
     for delta in ("exact", "sampled", "off"):
-        rec = Recorder(take_inventory(model, [opt]), [opt], delta=delta, sample=64)
+        rec = Observer(take_inventory(model, [opt]), [opt], delta=delta, sample=64)
         rec.attach()
         counts = []
         try:

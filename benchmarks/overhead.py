@@ -5,9 +5,9 @@ Prints a table with each measured ratio beside its goal and writes everything to
 
   A. per-step time, plain vs observed, interleaved A B A B, medians over repeats, one torch
      thread, on (a) a GPT-style model (~17M parameters) and (b) a model with ~500 small tensors.
-     "Observed" is a `Recorder` built the way `diagkit.api.observe` builds it, and only the
+     "Observed" is an `Observer` built the way `diagkit.run.pipeline.observe` builds it, and only the
      step itself (begin_step + the user's step + end_step) is timed; the one-off costs
-     (inventory, Recorder + attach, SavedState capture and restore, detach, steps table,
+     (inventory, Observer + attach, SavedState capture and restore, detach, steps table,
      judging) are timed separately and reported as fixed costs.
   B. peak memory (VmHWM) of each variant, each in a fresh subprocess.
   C. the time to build the tables, the findings and the report pieces (plots + tables HTML)
@@ -167,7 +167,7 @@ def param_facts(model) -> dict:
 
 # ============================================================== A. step time
 def _setup(model, opt, batch_fn, loss_fn):
-    from diagkit.target import Setup
+    from diagkit.run.target import Setup
     return Setup(model=model, optimizer=opt, batch_fn=batch_fn, loss_fn=loss_fn)
 
 
@@ -176,10 +176,11 @@ MODES = ("exact", "sampled", "off")
 
 def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
                device: str = "cpu") -> dict:
-    from diagkit.api import judge_run, loop_facts, step_function
-    from diagkit.inventory import take_inventory
-    from diagkit.recorder import Recorder
-    from diagkit.state import SavedState
+    from diagkit.measure.inventory import take_inventory
+    from diagkit.measure.observer import Observer
+    from diagkit.measure.restore import SavedState
+    from diagkit.run.loop import loop_facts, step_function
+    from diagkit.run.pipeline import Observation, judge_observation
 
     model, opt, batch_fn, loss_fn = build(kind, cfg, device)
     setup = _setup(model, opt, batch_fn, loss_fn)
@@ -201,7 +202,7 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
     syncs: dict[str, list[int]] = {m: [] for m in MODES}
     extra_alloc: dict[str, list[float]] = {m: [] for m in MODES}
     fixed: dict[str, list[float]] = {k_: [] for k_ in (
-        "inventory", "recorder_attach", "saved_state_capture", "detach", "steps_table",
+        "inventory", "observer_attach", "saved_state_capture", "detach", "steps_table",
         "restore", "judge_run")}
     clock = time.perf_counter
 
@@ -210,7 +211,7 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
         t0 = clock()
         inv = take_inventory(model, setup.optimizers)
         t1 = clock()
-        rec = Recorder(inv, setup.optimizers, delta=mode, **loop_facts(setup))  # as observe()
+        rec = Observer(inv, setup.optimizers, delta=mode, loop=loop_facts(setup))  # as observe()
         rec.attach()
         t2 = clock()
         times = []
@@ -245,11 +246,11 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
         saved.restore()  # put the model back: each block starts from the same training state
         t7 = clock()
         if not record:  # judged in the warm-up blocks only: pandas work between timed blocks
-            diag = judge_run(inv.rows, table, None, {})  # would stir the heap for no purpose
+            diag = judge_observation(Observation(inv.rows, table, None, {}))  # would stir the heap
             assert len(diag.params) == len(inv.tensors)
             fixed["judge_run"].append(clock() - t7)
         if record and mode == "exact":
-            for key, dt in (("inventory", t1 - t0), ("recorder_attach", t2 - t1),
+            for key, dt in (("inventory", t1 - t0), ("observer_attach", t2 - t1),
                             ("detach", t5 - t4),
                             ("steps_table", t6 - t5), ("restore", t7 - t6)):
                 fixed[key].append(dt)
@@ -347,6 +348,10 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
     return out
 
 
+MEASURE_FILES = {"observer.py", "gradients.py", "step_state.py", "exact_probe.py",
+                 "sampled_probe.py", "buckets.py", "readback.py", "kernels.py", "fingerprint.py"}
+
+
 def _profile_top(prof: cProfile.Profile, steps: int, top: int = 15) -> list[dict]:
     stats = pstats.Stats(prof, stream=io.StringIO())
     rows = []
@@ -356,9 +361,9 @@ def _profile_top(prof: cProfile.Profile, steps: int, top: int = 15) -> list[dict
                      "tottime_ms_per_step": 1e3 * tt / steps,
                      "cumtime_ms_per_step": 1e3 * ct / steps})
     rows.sort(key=lambda r: r["tottime_ms_per_step"], reverse=True)
-    ours = sorted((r for r in rows if r["function"].startswith("recorder.py")),
+    ours = sorted((r for r in rows if r["function"].split(":")[0] in MEASURE_FILES),
                   key=lambda r: r["cumtime_ms_per_step"], reverse=True)
-    return {"by_own_time": rows[:top], "recorder_by_cumtime": ours[:8]}
+    return {"by_own_time": rows[:top], "observer_by_cumtime": ours[:8]}
 
 
 # ============================================================== B. memory
@@ -367,7 +372,8 @@ def memory_child(kind: str, cfg: dict, variant: str, steps: int) -> dict:
     variant; report the peak resident set (ru_maxrss, KiB on Linux)."""
     torch.set_num_threads(1)
     import diagkit
-    from diagkit.api import step_function, observe
+    from diagkit.run.loop import step_function
+    from diagkit.run.pipeline import observe
 
     model, opt, batch_fn, loss_fn = build(kind, cfg)
     setup = _setup(model, opt, batch_fn, loss_fn)
@@ -378,7 +384,7 @@ def memory_child(kind: str, cfg: dict, variant: str, steps: int) -> dict:
     if variant == "plain":
         for i in range(steps):
             step(i)
-    elif variant == "observe":  # hooks + recorder only: exact mode, no restore copies
+    elif variant == "observe":  # hooks + observer only: exact mode, no restore copies
         observe(setup, steps, restore=False)
     elif variant in ("sampled", "off"):  # the bounded modes, no restore copies
         observe(setup, steps, restore=False, delta=variant)
@@ -442,7 +448,8 @@ def measure_memory(kind: str, cfg: dict, steps: int, repeats: int = 3) -> dict:
 
 def cuda_memory(kind: str, cfg: dict, steps: int) -> dict:
     """Peak device memory of each variant, in this process (the allocator's own peak)."""
-    from diagkit.api import observe, step_function
+    from diagkit.run.loop import step_function
+    from diagkit.run.pipeline import observe
 
     model, opt, batch_fn, loss_fn = build(kind, cfg, "cuda")
     setup = _setup(model, opt, batch_fn, loss_fn)
@@ -519,7 +526,7 @@ PROJECTED_STEPS = 10_000
 def synthetic_tables(n_tensors: int, n_steps: int, seed: int = 0):
     """Inventory-like rows and a steps table with the schema's columns; a few tensors are
     mis-wired (orphan, unused, decay on bias/norm) so that findings are not empty."""
-    from diagkit.schema import STEPS_COLUMNS
+    from diagkit.core.schema import STEPS_COLUMNS
 
     rng = np.random.default_rng(seed)
     per_layer = 8
@@ -577,11 +584,12 @@ def time_report(n_tensors: int, n_steps: int, out_dir: Path) -> dict:
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    from diagkit import plots, tables
-    from diagkit.diagnosis import Diagnosis
-    from diagkit.findings import build_advice, build_findings
-    from diagkit.summary import build_params
-    from diagkit.verdicts import judge
+    from diagkit.core.result import Diagnosis
+    from diagkit.judge.advice import build_advice
+    from diagkit.judge.findings import build_findings
+    from diagkit.judge.verdicts import judge
+    from diagkit.measure.aggregate import build_params
+    from diagkit.present import matrix, plots, sections, tables
 
     t = {}
     clock = time.perf_counter
@@ -595,21 +603,21 @@ def time_report(n_tensors: int, n_steps: int, out_dir: Path) -> dict:
         t[label] = clock() - s
         return value
 
-    params = timed("summary.build_params", lambda: build_params(rows, steps))
+    params = timed("aggregate.build_params", lambda: build_params(rows, steps))
     verdicts, errors = timed("verdicts.judge", lambda: judge(params, steps))
     params["verdicts"] = verdicts
     findings = timed("findings.build_findings",
                      lambda: build_findings(params, steps, errors, None))
-    advice = timed("findings.build_advice", lambda: build_advice(params, steps))
+    advice = timed("advice.build_advice", lambda: build_advice(params, steps))
     diag = Diagnosis(params=params, steps=steps, findings=findings, advice=advice)
-    timed("tables.verdict_banner", lambda: tables.verdict_banner(diag))
-    timed("tables.findings_table", lambda: tables.findings_table(findings))
+    timed("sections.verdict_banner", lambda: sections.verdict_banner(diag))
+    timed("sections.findings_table", lambda: sections.findings_table(findings))
     timed("tables.wiring_table.to_html", lambda: tables.wiring_table(params).to_html())
     timed("tables.module_rollup", lambda: tables.module_rollup(params).to_html())
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, fn in (("grad_norm_figure", lambda: plots.grad_norm_figure(steps, params)),
                      ("update_ratio_figure", lambda: plots.update_ratio_figure(steps, params)),
-                     ("wiring_matrix_figure", lambda: plots.wiring_matrix_figure(params))):
+                     ("wiring_matrix_figure", lambda: matrix.wiring_matrix_figure(params))):
         def draw(fn=fn, name=name):
             fig = fn()
             fig.savefig(out_dir / f"{name}.png", dpi=100)
@@ -805,8 +813,8 @@ def _print_and_save(result: dict, lines: list, out_path: Path, profile: bool) ->
             for p in prof.get("by_own_time", []):
                 print(f"  {p['tottime_ms_per_step']:8.2f} ms own {p['cumtime_ms_per_step']:8.2f}"
                       f" ms cum {p['calls_per_step']:8.0f} calls  {p['function']}")
-            print(f"cProfile, {kind}: diagkit recorder functions by cumulative time, per step:")
-            for p in prof.get("recorder_by_cumtime", []):
+            print(f"cProfile, {kind}: diagkit measuring functions by cumulative time, per step:")
+            for p in prof.get("observer_by_cumtime", []):
                 print(f"  {p['tottime_ms_per_step']:8.2f} ms own {p['cumtime_ms_per_step']:8.2f}"
                       f" ms cum {p['calls_per_step']:8.0f} calls  {p['function']}")
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import pandas as pd
 import diagkit
-from diagkit.schema import PARAMS_COLUMNS, STEPS_COLUMNS
+from diagkit.core.schema import PARAMS_COLUMNS, STEPS_COLUMNS
 
 N_STEPS = 3
 STEP_DEFAULTS = {
@@ -125,7 +125,7 @@ def tables(*tensors: T) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def verdict_sets(params: pd.DataFrame, steps: pd.DataFrame) -> dict[str, set[str]]:
     """judge() the tables; fail the test if any rule crashed."""
-    from diagkit.verdicts import judge
+    from diagkit.judge.verdicts import judge
     verdicts, errors = judge(params, steps)
     assert errors == []
     return {n: set(v) for n, v in zip(params["name"], verdicts)}

@@ -12,8 +12,9 @@ from torch import nn
 
 import diagkit
 from diagkit import DiagkitError
-from diagkit.api import run_target
-from diagkit.checkpoint import audit, load_checkpoint, load_findings
+from diagkit.run.api import run_target
+from diagkit.judge.checkpoint_audit import audit, load_findings
+from diagkit.measure.checkpoint_load import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN = ROOT / "data" / "finetune_heads_pretrain.pt"

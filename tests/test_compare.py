@@ -21,8 +21,13 @@ from matplotlib.figure import Figure
 from papermill.exceptions import PapermillExecutionError
 from safetensors.torch import save_file
 
-from diagkit import DiagkitError, compare
-from diagkit.compare import compare_checkpoints
+from diagkit import DiagkitError
+from diagkit.core.options import DEFAULTS
+from diagkit.measure import checkpoint_diff
+from diagkit.present import comparison
+from diagkit.run import compare, contract
+from diagkit.present.text import comparison_text
+from diagkit.run.compare import compare_checkpoints
 
 REPO = Path(__file__).resolve().parents[1]
 STEP2 = REPO / "data" / "meta_memory_step2.pt"
@@ -102,7 +107,7 @@ def test_demo_pair_trained_tensors_changed(demo):
 
 
 def test_table_columns_and_shapes(demo):
-    assert list(demo.table.columns) == list(compare.COLUMNS)
+    assert list(demo.table.columns) == list(checkpoint_diff.COLUMNS)
     for col in ("name", "module", "in_a", "in_b", "shape_a", "shape_b", "dtype_a", "dtype_b",
                 "numel", "bytes", "identical", "max_abs_diff", "delta_norm", "norm_a",
                 "relative_change"):
@@ -114,7 +119,7 @@ def test_table_columns_and_shapes(demo):
 
 
 def test_render_text_and_strict_json(demo):
-    text = demo.render_text()
+    text = comparison_text(demo)
     first = text.splitlines()[0]
     assert str(STEP2) in first and str(STEP5) in first and "12 unchanged" in first
     assert "[warning] unchanged: module.metamodel" in text and MEM in text and "fix:" in text
@@ -222,9 +227,9 @@ def test_dtype_change_compares_by_value(tmp_path):
 
 def test_chunked_measures_are_exact_for_large_tensors(tmp_path):
     gen = torch.Generator().manual_seed(0)
-    rows = 3 * compare.CHUNK // 100 + 7  # several row blocks of 100 columns
+    rows = 3 * checkpoint_diff.CHUNK // 100 + 7  # several row blocks of 100 columns
     a = {"big.weight": torch.randn(rows, 100, generator=gen),
-         "flat.weight": torch.zeros(compare.CHUNK * 2 + 5)}
+         "flat.weight": torch.zeros(checkpoint_diff.CHUNK * 2 + 5)}
     b = {"big.weight": a["big.weight"].clone(), "flat.weight": a["flat.weight"].clone()}
     b["big.weight"][-1, -1] += 2.0  # only in the last block
     b["flat.weight"][0], b["flat.weight"][-1] = -3.0, 4.0
@@ -303,7 +308,7 @@ def test_trust_opts_in_to_arbitrary_unpickling(tmp_path, capfd):
 # ------------------------------------------------------------------ streaming
 _MEASURE = textwrap.dedent("""
     import json, resource, sys
-    from diagkit.compare import compare_checkpoints
+    from diagkit.run.compare import compare_checkpoints
     small_a, small_b, a, b = sys.argv[1:5]
     compare_checkpoints(small_a, small_b)  # imports and first-call allocations: the baseline
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -341,7 +346,7 @@ def test_streaming_peak_memory_stays_below_one_file(tmp_path, suffix):
 
 # ------------------------------------------------------------------ presenting
 def test_change_figure_marks_unchanged_tensors(demo):
-    fig = compare.change_figure(demo)
+    fig = comparison.change_figure(demo)
     assert isinstance(fig, Figure)
     ax = fig.axes[0]
     assert ax.get_xscale() == "log"
@@ -359,12 +364,12 @@ def test_table_is_bounded_and_problems_first(tmp_path):
     torch.save(a, tmp_path / "a.pt")
     torch.save(b, tmp_path / "b.pt")
     cmp = compare_checkpoints(tmp_path / "a.pt", tmp_path / "b.pt")
-    styler = compare.table_styler(cmp, limit=50)
+    styler = comparison.table_styler(cmp, limit=50)
     shown = styler.data
     assert len(shown) == 50 and list(shown["status"][:5]) == ["unchanged"] * 5
     assert shown["name"].iloc[5] == "blocks.299.weight"  # then the largest relative change
     assert "50 of 300 tensors shown" in styler.to_html()
-    fig = compare.change_figure(cmp)
+    fig = comparison.change_figure(cmp)
     ax = fig.axes[0]  # too many to name: rows are positions in the file
     assert not any("blocks" in t.get_text() for t in ax.get_yticklabels())
     assert ax.get_ylabel() == "300 tensors, in file order"
@@ -401,12 +406,16 @@ def test_notebook_has_one_parameters_cell_matching_the_contract():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1
-    declared = {n.target.id: (n.annotation.id, ast.literal_eval(n.value))
+    declared = {n.target.id: (ast.unparse(n.annotation), ast.literal_eval(n.value))
                 for n in ast.parse(tagged[0].source).body}
-    assert set(declared) == set(compare.PARAMETERS)
+    contract_of = contract.parameters(contract.COMPARE)  # derived from that very cell
+    assert list(declared) == list(contract_of)
     for name, (annotation, default) in declared.items():
-        types, contract_default, _ = compare.PARAMETERS[name]
-        assert annotation == types[0].__name__ and default == contract_default, name
+        p = contract_of[name]
+        spelled = " | ".join("None" if t is type(None) else t.__name__ for t in p.types)
+        assert annotation == spelled and default == p.default, name
+        if name in DEFAULTS:  # an option the library knows: the same default everywhere
+            assert default == DEFAULTS[name], name
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None
@@ -483,7 +492,7 @@ def test_validate_fills_defaults():
 
 
 def test_report_runner_renders_the_compare_notebook(tmp_path):
-    from diagkit import report
+    from diagkit.run import report
     result = report.write_report(
         tmp_path / "out", {"compare": {"checkpoint_a": str(STEP2), "checkpoint_b": str(STEP5)}},
         notebook=NOTEBOOK.name, check=compare.validate, title="diagkit compare")

@@ -1,4 +1,4 @@
-"""The rank demos (diagkit.demos.ranks), meta_memory under real DDP, and tables.rank_view.
+"""The rank demos (diagkit.demos.ranks), meta_memory under real DDP, and ranks.rank_view.
 
 Single process: each rank demo gives its single-process verdict. Two processes: this file, run
 as a script, is the per-rank worker (gloo on CPU, no diagkit launcher): it builds the demos under
@@ -23,9 +23,9 @@ import pytest
 import torch
 
 import diagkit
-from diagkit import tables
 from diagkit.demos import DEMOS, common
-from diagkit.verdicts import rank_dependent_use, rank_divergent
+from diagkit.judge.rules_ranks import rank_dependent_use, rank_divergent
+from diagkit.present.ranks import rank_view
 
 MEM = "module.metamodel.model.mem_tokens"
 FREE = "<optimizer 0 group 1 #0>"
@@ -101,7 +101,7 @@ def test_rank_demos_are_deterministic():
 
 
 def test_single_process_rank_view_is_a_note():
-    assert tables.rank_view(diagnose("clean", steps=1)) == (
+    assert rank_view(diagnose("clean", steps=1)) == (
         '<p class="diagkit-ranks">single process: no per-rank view.</p>')
 
 
@@ -221,7 +221,7 @@ def test_rank_view_names_ranks_steps_and_first_divergence():
         "scale": (lambda s, r: True, lambda s, r: 4.0 + (r if s >= 1 else 0)),     # from step 1
         HOSTILE: (lambda s, r: r == 0 and s != 1, lambda s, r: 1.0 + s * r),       # both
     })
-    out = tables.rank_view(steps)
+    out = rank_view(steps)
     assert "2 ranks (0–1), 3 steps observed; 3 tensors differ between ranks" in out
     assert "(2 used on some ranks only, 2 with values that diverged)" in out
     rows = _body(out)
@@ -244,7 +244,7 @@ def test_rank_view_agrees_with_the_rank_verdicts():
                         for i in range(24)}, n_steps=4, n_ranks=3)
     params = pd.DataFrame({"name": [f"p{i}" for i in range(24)]})
     expected = set(params["name"][rank_divergent(params, steps) | rank_dependent_use(params, steps)])
-    out = tables.rank_view(steps)
+    out = rank_view(steps)
     shown = {name for name in params["name"] if f"<code>{name}</code>" in out}
     assert shown == expected and len(expected) == 18
     assert "3 ranks (0–2), 4 steps observed; 18 tensors differ" in out
@@ -252,15 +252,15 @@ def test_rank_view_agrees_with_the_rank_verdicts():
 
 def test_rank_view_nan_on_one_rank_counts_as_divergence():
     steps = rank_steps({"w": (lambda s, r: True, lambda s, r: np.nan if r == 1 and s == 2 else 1)})
-    out = tables.rank_view(steps)
+    out = rank_view(steps)
     assert "after step 2" in out and ">inf<" in out
 
 
 def test_rank_view_without_checksum_and_in_sync():
     steps = rank_steps({"w": (lambda s, r: True, lambda s, r: 1.0)})
-    assert "no tensor differs between ranks" in tables.rank_view(steps)
-    assert "<table" not in tables.rank_view(steps)
-    out = tables.rank_view(rank_steps({"w": (lambda s, r: s == r, lambda s, r: 0.0)})
+    assert "no tensor differs between ranks" in rank_view(steps)
+    assert "<table" not in rank_view(steps)
+    out = rank_view(rank_steps({"w": (lambda s, r: s == r, lambda s, r: 0.0)})
                            .drop(columns="checksum"))
     assert "1 tensor differs between ranks" in out and "rank 0: step 0; rank 1: step 1" in out
 
@@ -270,7 +270,7 @@ def test_rank_view_is_bounded_at_2000_tensors():
                                               lambda s, r, i=i: 1.0 + (r * s * i if i % 5 == 0
                                                                        else 0))
                         for i in range(2000)}, n_steps=5)
-    out = tables.rank_view(steps)
+    out = rank_view(steps)
     # odd: used on rank 0 only; non-zero multiples of 5: diverged after step 1
     flagged = sum(1 for i in range(2000) if i % 2 or (i % 5 == 0 and i))
     rows = _body(out)

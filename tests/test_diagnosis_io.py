@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -10,7 +11,7 @@ import torch
 
 import diagkit
 from diagkit import DiagkitError
-from diagkit.findings import build_findings
+from diagkit.judge.findings import build_findings
 
 HOSTILE = "<script>alert('x')</script>&\"q\""
 
@@ -92,7 +93,7 @@ def test_round_trip_of_hand_made_tuples(tmp_path):
     diag = hostile_diagnosis()
     params = diag.params.copy()
     params.at[0, "aliases"] = ("tied.weight", "other.weight")
-    diag.params = params
+    diag = dataclasses.replace(diag, params=params)
     diag.save(tmp_path / "d")
     loaded = diagkit.load(tmp_path / "d")
     assert loaded.params.at[0, "aliases"] == ("tied.weight", "other.weight")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from diagkit.distributed import diagnose_distributed
+from diagkit.run.launcher import diagnose_distributed
 
 DIAGKIT = str(Path(sys.executable).parent / "diagkit")
 MEM = "module.metamodel.model.mem_tokens"
@@ -24,7 +24,7 @@ def workers_alive() -> list[int]:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"diagkit.worker" in cmd:
+            if b"diagkit.run.worker" in cmd:
                 alive.append(int(pid))
     return alive
 

@@ -16,8 +16,9 @@ from matplotlib.figure import Figure
 from torch import nn
 
 import diagkit
-from diagkit.explorer import MAX_LINES, MAX_OPTIONS, METRICS, Explorer, ExplorerState, explore
-from diagkit.schema import PARAMS_COLUMNS, STEPS_COLUMNS
+from diagkit.present.explorer import Explorer, explore
+from diagkit.present.explorer_state import MAX_LINES, MAX_OPTIONS, METRICS, ExplorerState
+from diagkit.core.schema import PARAMS_COLUMNS, STEPS_COLUMNS
 
 MEM = "module.metamodel.model.mem_tokens"
 CMIM = ["cmim_decoder.0.weight", "cmim_decoder.0.bias", "cmim_decoder.2.weight",

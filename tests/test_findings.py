@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from conftest import T, tables
-from diagkit.findings import Finding, accessor, build_advice, build_findings, worst_severity
-from diagkit.recorder import StepFailure
-from diagkit.verdicts import judge
+from diagkit.core.result import Finding, StepFailure, worst_severity
+from diagkit.judge.advice import build_advice
+from diagkit.judge.findings import build_findings
+from diagkit.judge.verdicts import judge
+from diagkit.judge.wording import accessor
 
 
 def judged(*tensors: T):

@@ -8,7 +8,7 @@ elements are copied exactly, which would test nothing here).
 
 from __future__ import annotations
 
-import sys
+import dataclasses
 
 import numpy as np
 import pandas as pd
@@ -17,10 +17,10 @@ import torch
 import torch.nn as nn
 
 import diagkit
-from diagkit import delta as delta_module
-from diagkit import kernels
-from diagkit.api import loop_facts, step_function
-from diagkit.target import Setup
+from diagkit.measure import exact_probe as delta_module
+from diagkit.measure.fingerprint import Fingerprinter
+from diagkit.run.loop import loop_facts, step_function
+from diagkit.run.target import Setup
 from test_zoo import (MLP, EvenBranch, MaskedHead, NormNet, Reuse, SqrtAtZero, TiedLM,
                       WithDeadHead, ZeroGate, fixed_batch, freeze_fc1_weight_at_step_2, mse_loss,
                       sum_loss)
@@ -223,7 +223,7 @@ HAND_WRITTEN = [s for s in SCENARIOS if s not in (frozen_but_changing, branch)]
 
 @pytest.mark.parametrize("build", HAND_WRITTEN, ids=lambda b: b.__name__)
 def test_unhooked_standard_loop_measures_what_hooks_measure(build, exact_runs):
-    """The standard loop observes held tensors without hooks (`api.loop_facts`); the same loop
+    """The standard loop observes held tensors without hooks (`run.loop.loop_facts`); the same loop
     handed over as a `train_step` gets a hook on every tensor. Both must record the same."""
     torch.manual_seed(0)
     kwargs = build()
@@ -231,8 +231,8 @@ def test_unhooked_standard_loop_measures_what_hooks_measure(build, exact_runs):
     setup = model if isinstance(model, Setup) else Setup(model=model, **kwargs)
     hand = Setup(model=setup.model, optimizers=setup.optimizers, lr_scheduler=setup.lr_scheduler,
                  train_step=step_function(setup))
-    assert loop_facts(setup)["held_grads_start_none"]
-    assert not any(loop_facts(hand).values())
+    assert loop_facts(setup).held_grads_start_none
+    assert not any(dataclasses.astuple(loop_facts(hand)))
     hooked = diagkit.diagnose(hand, steps=steps)
     pd.testing.assert_frame_equal(hooked.steps, exact_runs[build.__name__].steps)
     assert hooked.verdicts() == exact_runs[build.__name__].verdicts()
@@ -243,17 +243,29 @@ def test_a_nan_change_is_decided_with_the_steps_read_back(build, monkeypatch):
     """A tensor holding inf or NaN makes before - after NaN, decided element by element. After
     the first step that shows it, the decision rides with the step's one read-back instead of
     costing host reads of its own every step, and it decides the same."""
-    calls = []
+    calls, phase = [], []
     real = delta_module._nonfinite_parts
 
     def spy(change, after):
-        calls.append(sys._getframe(1).f_code.co_name)
+        calls.append(phase[-1] if phase else None)  # which probe phase asked for the decision
         return real(change, after)
+
+    def in_phase(name, method):
+        def wrapped(self, *args, **kwargs):
+            phase.append(name)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                phase.pop()
+        return wrapped
     monkeypatch.setattr(delta_module, "_nonfinite_parts", spy)
+    probe = delta_module.ExactProbe
+    monkeypatch.setattr(probe, "end", in_phase("end", probe.end))
+    monkeypatch.setattr(probe, "resolve_into", in_phase("resolve", probe.resolve_into))
     four = lambda: build() | {"steps": 4}  # noqa: E731
     queued = run(four)
-    assert calls.count("resolve_into") == 1, calls  # only the first step decides on its own
-    assert calls.count("<listcomp>") >= 2  # the later steps: queued in end()
+    assert calls.count("resolve") == 1, calls  # only the first step decides on its own
+    assert calls.count("end") >= 2, calls  # the later steps: queued with the step's read-back
 
     end = delta_module.ExactProbe.end
 
@@ -306,7 +318,7 @@ def test_bad_mode_and_stride_are_one_line_errors():
 
 # ------------------------------------------------------------------ kernels
 def test_fingerprint_sees_any_single_element_change_and_nothing_else():
-    fp = kernels.Fingerprinter()
+    fp = Fingerprinter()
     fp.CHUNK = 64  # several chunks on a small tensor
     bits = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
             torch.float64: torch.int64, torch.int64: torch.int64}

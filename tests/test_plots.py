@@ -18,8 +18,8 @@ from matplotlib.text import Annotation
 from torch import nn
 
 import diagkit
-from diagkit import plots
-from diagkit.schema import PARAMS_COLUMNS, STEPS_COLUMNS
+from diagkit.core.schema import PARAMS_COLUMNS, STEPS_COLUMNS
+from diagkit.present import figure, matrix, plots
 
 MEM = "module.metamodel.model.mem_tokens"
 HOSTILE = "<script>alert(1)</script>"
@@ -221,7 +221,7 @@ def test_update_ratio_puts_never_changing_tensors_on_a_floor():
 # ------------------------------------------------------------------ wiring matrix
 def test_wiring_matrix_flagged_rows_first():
     d = demo("finetune_heads")
-    fig = plots.wiring_matrix_figure(d.params)
+    fig = matrix.wiring_matrix_figure(d.params)
     render(fig)
     ax = fig.axes[0]
     rows = [t.get_text() for t in ax.get_yticklabels()]
@@ -230,7 +230,7 @@ def test_wiring_matrix_flagged_rows_first():
     assert all(r.startswith(dead) for r in rows[:8])
     assert not any(r.startswith(dead) for r in rows[8:])
     assert rows[0] == "vocab_head.weight"  # the largest of them
-    assert [t.get_text() for t in ax.get_xticklabels()] == list(plots.MATRIX_COLUMNS)
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(matrix.MATRIX_COLUMNS)
     cells = [t.get_text() for t in ax.texts]
     assert cells[:4] == ["yes", "yes", "0/5", "0/5"]
     assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
@@ -238,7 +238,7 @@ def test_wiring_matrix_flagged_rows_first():
 
 def test_wiring_matrix_aggregates_past_max_rows():
     d = demo("finetune_heads")
-    fig = plots.wiring_matrix_figure(d.params, max_rows=5)
+    fig = matrix.wiring_matrix_figure(d.params, max_rows=5)
     render(fig)
     rows = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert len(rows) == 5 + 3  # five flagged tensors, then encoder, ffn_head, cmim_decoder
@@ -250,11 +250,11 @@ def test_wiring_matrix_aggregates_past_max_rows():
 
 def test_wiring_matrix_truncates_long_names_from_the_left():
     d = demo("meta_memory")
-    fig = plots.wiring_matrix_figure(d.params)
+    fig = matrix.wiring_matrix_figure(d.params)
     rows = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert rows[0] == MEM
     long = [r for r in rows if r.startswith("…")]
-    assert long and all(len(r) == plots.LABEL_WIDTH for r in long)
+    assert long and all(len(r) == figure.LABEL_WIDTH for r in long)
     assert "…dule.metamodel.model.layers.0.norm.weight" in rows
 
 
@@ -267,12 +267,12 @@ def test_no_step_completed_says_no_data():
         render(fig)
         assert "no data" in texts(fig)
         assert fig.axes[0].get_xlabel() == "step"
-    fig = plots.wiring_matrix_figure(d.params)
+    fig = matrix.wiring_matrix_figure(d.params)
     render(fig)
     assert "no step completed" in fig.axes[0].get_title()
     assert [t.get_text() for t in fig.axes[0].texts][:4] == ["yes", "yes", "n/a", "n/a"]
     # an empty table of parameters, too
-    fig = plots.wiring_matrix_figure(d.params.iloc[:0])
+    fig = matrix.wiring_matrix_figure(d.params.iloc[:0])
     render(fig)
     assert "no data" in texts(fig)
     fig = plots.grad_norm_figure(d.steps.iloc[:0], d.params.iloc[:0])
@@ -301,7 +301,7 @@ def test_hostile_names_draw_as_text():
     params["name"] = params["name"].replace(rename)
     steps["name"] = steps["name"].replace(rename)
     for fig in (plots.grad_norm_figure(steps, params), plots.update_ratio_figure(steps, params),
-                plots.wiring_matrix_figure(params)):
+                matrix.wiring_matrix_figure(params)):
         render(fig)  # an unbalanced `$` in a name would break mathtext if it were parsed
     rows = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert f"{HOSTILE}.weight" in rows
@@ -324,9 +324,9 @@ def test_large_run_stays_bounded():
     assert len(fig.axes[0].get_lines()) <= top + 2
     render(fig)
 
-    fig = plots.wiring_matrix_figure(params, max_rows=40)
+    fig = matrix.wiring_matrix_figure(params, max_rows=40)
     rows = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    assert len(rows) <= 40 + plots.MAX_GROUPS
+    assert len(rows) <= 40 + matrix.MAX_GROUPS
     assert sum(not r.endswith("tensors)") for r in rows) == 18  # every flagged tensor
     assert any(r.startswith("(other modules)") for r in rows)
     render(fig)

@@ -8,8 +8,11 @@ import types
 
 import pytest
 
-from diagkit import tables
-from diagkit.findings import Finding, human_bytes
+from diagkit.core import severity
+from diagkit.core.format import human_bytes
+from diagkit.core.result import Finding
+from diagkit.judge.verdicts import severity_of
+from diagkit.present import ranks, sections, tables
 from test_plots import HOSTILE, MEM, demo, failing_run, hostile_diag, synthetic
 
 DEMOS = ["meta_memory", "finetune_heads", "clean"]
@@ -25,29 +28,29 @@ def chips(banner: str) -> list[str]:
 # ------------------------------------------------------------------ banner
 def test_banner_names_the_orphan_worst_first():
     d = demo("meta_memory")
-    banner = tables.verdict_banner(d)
+    banner = sections.verdict_banner(d)
     assert chips(banner) == ["orphan", "grad_not_cleared", "ok"]  # error, warning, ok
     assert "<b>orphan</b> 1 tensor, 512 B" in banner
-    assert tables.SEVERITY_COLORS["error"][0] in banner.split("orphan")[0].rsplit("<span", 1)[1]
+    assert severity.COLORS["error"][0] in banner.split("orphan")[0].rsplit("<span", 1)[1]
     total = human_bytes(int(d.params["bytes"].sum()))
     assert f"20 tensors, {total}, 5 steps observed" in banner
     assert "failed" not in banner
 
 
 def test_banner_on_the_other_demos():
-    banner = tables.verdict_banner(demo("finetune_heads"))
+    banner = sections.verdict_banner(demo("finetune_heads"))
     assert chips(banner) == ["unused", "ok"]
     assert "<b>unused</b> 8 tensors, 18.6 KiB" in banner
-    assert chips(tables.verdict_banner(demo("clean"))) == ["ok"]
+    assert chips(sections.verdict_banner(demo("clean"))) == ["ok"]
 
 
 def test_banner_says_which_step_failed_escaped():
-    banner = tables.verdict_banner(failing_run(0))
+    banner = sections.verdict_banner(failing_run(0))
     assert "failed at step 0: RuntimeError: boom &lt;b&gt;bad&lt;/b&gt;. No step completed." \
         in banner
     assert "<b>bad</b>" not in banner
     assert "0 steps observed" in banner
-    banner = tables.verdict_banner(failing_run(2))
+    banner = sections.verdict_banner(failing_run(2))
     assert "failed at step 2" in banner and "The 2 steps before it are kept" in banner
     assert "2 steps observed" in banner
 
@@ -55,10 +58,10 @@ def test_banner_says_which_step_failed_escaped():
 def test_banner_lists_every_severity_in_order():
     params, steps = synthetic()
     d = types.SimpleNamespace(params=params, steps=steps, failure=None, meta={}, findings=[])
-    banner = tables.verdict_banner(d)
+    banner = sections.verdict_banner(d)
     names = chips(banner)
     assert set(names) == {"stalled", "orphan", "grad_not_cleared", "unused", "ok"}
-    ranks = [("ok", "info", "warning", "error").index(tables.verdict_severity(v)) for v in names]
+    ranks = [("ok", "info", "warning", "error").index(severity_of(v)) for v in names]
     assert ranks == sorted(ranks, reverse=True) and names[-1] == "ok"
     assert "200 steps observed" in banner
 
@@ -67,7 +70,7 @@ def test_banner_lists_every_severity_in_order():
 @pytest.mark.parametrize("name", DEMOS)
 def test_findings_table_has_every_code_and_escaped_fix(name):
     d = demo(name)
-    out = tables.findings_table(d.findings)
+    out = sections.findings_table(d.findings)
     if not d.findings:
         assert "No findings" in out and "<table" not in out
     for f in d.findings:
@@ -81,14 +84,14 @@ def test_findings_table_worst_first():
     info = Finding("decay_on_norm_or_bias", "info", ("a.bias",), "m", "f", "a", 1, 10**6)
     warn = Finding("unused", "warning", ("b.w",), "m", "f", "b", 1, 10)
     err = Finding("orphan", "error", ("c.w",), "m", "f", "c", 1, 1)
-    out = tables.findings_table([info, warn, err])
+    out = sections.findings_table([info, warn, err])
     assert re.findall(r'<tr class="(\w+)">', out) == ["error", "warning", "info"]
 
 
 def test_findings_table_escapes_names_and_marks_code():
     f = Finding("orphan", "error", (HOSTILE,), f"`{HOSTILE}` is never trained", f"fix {HOSTILE}",
                 HOSTILE, 1, 16)
-    out = tables.findings_table([f])
+    out = sections.findings_table([f])
     assert "<script" not in out
     assert "<code>&lt;script&gt;alert(1)&lt;/script&gt;</code> is never trained" in out
 
@@ -103,7 +106,7 @@ def test_wiring_table_puts_the_orphan_first():
     assert first["changed"] == "0/5" and first["shape"] == "4×32" and first["bytes"] == "512 B"
     assert first["grad_total_norm"] == f"{demo('meta_memory').params['grad_total_norm'][0]:.3g}"
     out = styler.to_html()
-    assert tables.SEVERITY_COLORS["error"][0] in out
+    assert severity.COLORS["error"][0] in out
     assert list(styler.data.columns) == list(tables.WIRING_COLUMNS)
 
 
@@ -168,7 +171,7 @@ def test_module_rollup_at_scale():
 
 # ------------------------------------------------------------------ advice
 def test_advice_html_for_dead_heads():
-    out = tables.advice_html(demo("finetune_heads").advice)
+    out = sections.advice_html(demo("finetune_heads").advice)
     assert "find_unused_parameters=True" in out
     assert "cmim_decoder.0.weight" in out and "18.6 KiB" in out
     assert "then use find_unused_parameters=False" in out
@@ -176,9 +179,9 @@ def test_advice_html_for_dead_heads():
 
 
 def test_advice_html_clean_and_empty():
-    out = tables.advice_html(demo("clean").advice)
+    out = sections.advice_html(demo("clean").advice)
     assert "find_unused_parameters=False</b></span> is enough" in out
-    assert "No DDP advice" in tables.advice_html({})
+    assert "No DDP advice" in sections.advice_html({})
 
 
 # ------------------------------------------------------------------ escaping, end to end
@@ -187,10 +190,10 @@ def test_hostile_module_name_is_escaped_everywhere():
     assert any(n.startswith(HOSTILE) for n in d.params["name"])
     assert any(f.code == "unused" and HOSTILE in f.module for f in d.findings)
     outputs = {
-        "banner": tables.verdict_banner(d),
-        "findings": tables.findings_table(d.findings),
+        "banner": sections.verdict_banner(d),
+        "findings": sections.findings_table(d.findings),
         "wiring": tables.wiring_table(d.params).to_html(),
-        "advice": tables.advice_html(d.advice),
+        "advice": sections.advice_html(d.advice),
     }
     escaped = html.escape(HOSTILE)
     for where, out in outputs.items():

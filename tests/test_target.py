@@ -10,7 +10,7 @@ import torch
 
 import diagkit
 from diagkit import DiagkitError, Setup, load_target
-from diagkit.errors import TargetError
+from diagkit.core.errors import TargetError
 
 # One target file whose `build` returns a valid mapping, then applies the test's edits:
 # drop=(keys to remove), set={key: value or a name from VALUES}.

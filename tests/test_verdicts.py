@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 
 from conftest import T, tables, verdict_sets
-from diagkit import verdicts as V
-from diagkit.verdicts import VERDICTS, Verdict, judge
+from diagkit.judge import verdicts as V
+from diagkit.judge.verdict import Verdict
+from diagkit.judge.verdicts import VERDICTS, judge
 
 SPEC_TABLE = {
     "orphan": "error",
@@ -356,3 +357,15 @@ def test_judge_with_no_observed_step():
 
 def test_severity_map_covers_every_verdict():
     assert V.SEVERITY == SPEC_TABLE
+
+
+def test_readme_verdict_table_is_the_registry():
+    """The README's table is the vocabulary as the code declares it: names in order, each
+    severity, and each meaning word for word."""
+    import re
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Verdicts"):]
+    section = section[:section.index("\n## ", 4)]
+    rows = re.findall(r"^\| `(\w+)` \| (\w+) \| (.*) \|$", section, re.M)
+    assert [(v.name, v.severity, v.meaning) for v in VERDICTS.values()] == rows

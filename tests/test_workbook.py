@@ -10,7 +10,9 @@ import papermill
 import pytest
 from papermill.exceptions import PapermillExecutionError
 
-from diagkit import DiagkitError, workbook
+from diagkit import DiagkitError
+from diagkit.core.options import DEFAULTS
+from diagkit.run import contract, notebook
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
@@ -44,12 +46,16 @@ def test_one_parameters_cell_of_typed_commented_literals(path):
 def test_diagnose_parameters_match_the_workbook_contract():
     nb = nbformat.read(next(p for p in NOTEBOOKS if p.name == "diagnose.ipynb"), as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    declared = {n.target.id: (n.annotation.id, ast.literal_eval(n.value))
+    declared = {n.target.id: (ast.unparse(n.annotation), ast.literal_eval(n.value))
                 for n in ast.parse(cell.source).body}
-    assert set(declared) == set(workbook.PARAMETERS)
+    contract_of = contract.parameters(contract.DIAGNOSE)  # derived from that very cell
+    assert list(declared) == list(contract_of)
     for name, (annotation, default) in declared.items():
-        types, contract_default, _ = workbook.PARAMETERS[name]
-        assert annotation == types[0].__name__ and default == contract_default, name
+        p = contract_of[name]
+        spelled = " | ".join("None" if t is type(None) else t.__name__ for t in p.types)
+        assert annotation == spelled and default == p.default, name
+        if name in DEFAULTS:  # an option the library knows: the same default everywhere
+            assert default == DEFAULTS[name], name
 
 
 @pytest.mark.parametrize("bad, words", [
@@ -62,13 +68,13 @@ def test_diagnose_parameters_match_the_workbook_contract():
 ])
 def test_validate_rejects_bad_parameters(bad, words):
     with pytest.raises(DiagkitError) as info:
-        workbook.validate(bad)
+        notebook.validate(bad)
     for word in words:
         assert word in str(info.value)
 
 
 def test_validate_fills_defaults():
-    settings = workbook.validate({"target": "x:y"})
+    settings = notebook.validate({"target": "x:y"})
     assert settings["target"] == "x:y" and settings["steps"] == 5 and settings["checkpoint"] == ""
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 import diagkit
-from diagkit.schema import PARAMS_COLUMNS, STEPS_COLUMNS
+from diagkit.core.schema import PARAMS_COLUMNS, STEPS_COLUMNS
 
 OK = {"ok"}
 # The SPEC 2.2 minimum for each table.

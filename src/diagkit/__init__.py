@@ -3,17 +3,18 @@
     diag = diagkit.diagnose(model, optimizer, batch_fn=..., loss_fn=..., steps=5)
     diag.params, diag.steps, diag.findings, diag.advice
 
-Importing diagkit has no side effects.
+The package is layered (see the README's "Development" section): `core` (result types, schema,
+severity, options), `measure` (the only hooks), `judge` (verdicts, findings, advice),
+`present` (text, HTML, figures, explorer) and `run` (targets, the loop, the pipeline, CLI,
+notebooks, reports). Importing diagkit has no side effects.
 """
 
-from .api import diagnose
-from .diagnosis import Diagnosis, load
-from .errors import DiagkitError
-from .findings import Finding
-from .target import Setup, load_target
-from .verdicts import VERDICTS
-
-__version__ = "0.1.0"
+from .core.errors import DiagkitError
+from .core.result import Diagnosis, Finding, load
+from .core.version import VERSION as __version__
+from .judge.verdicts import VERDICTS
+from .run.api import diagnose
+from .run.target import Setup, load_target
 
 __all__ = ["diagnose", "load_target", "Setup", "Diagnosis", "Finding", "load", "VERDICTS",
            "DiagkitError", "__version__"]

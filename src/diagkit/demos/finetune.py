@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import TargetError
+from ..core.errors import TargetError
 from .common import decay_groups
 
 CHECKPOINT_NAME = "finetune_heads_pretrain.pt"

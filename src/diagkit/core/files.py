@@ -1,0 +1,118 @@
+"""Writing outputs so that a reader sees the old file or the complete new one, never half.
+
+Strict JSON (NaN and infinities as null) and the tables' parquet form live here too, so every
+writer of diagkit output shares them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import DiagkitError
+from .schema import TUPLE_COLUMNS
+
+
+def check_replaceable_dir(target: Path, marker: str) -> None:
+    """Refuse to replace anything but an empty folder or one we wrote (it holds `marker`)."""
+    target = Path(target)
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise DiagkitError(f"{target} exists and is not a folder; choose another output folder")
+    if any(target.iterdir()) and not (target / marker).is_file():
+        raise DiagkitError(f"{target} is a non-empty folder that diagkit did not write "
+                           f"(no {marker}); choose a new or empty folder")
+
+
+def replace_dir(tmp: Path, target: Path) -> None:
+    """Swap a fully written folder into place."""
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, target)
+
+
+def write_json_atomic(path, payload) -> None:
+    """Strict JSON (see `to_jsonable`), written atomically."""
+    write_text_atomic(path, json.dumps(to_jsonable(payload), indent=2, allow_nan=False))
+
+
+def to_jsonable(obj):
+    """Strict JSON: NaN and infinities become null, numpy scalars plain numbers."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in obj]
+    if obj is None or obj is pd.NA:
+        return None
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if np.isfinite(obj) else None
+    if isinstance(obj, str):
+        return obj
+    return str(obj)
+
+
+def records(df: pd.DataFrame) -> list[dict]:
+    return [to_jsonable(row) for row in df.to_dict(orient="records")]
+
+
+def to_parquet(df: pd.DataFrame, path: Path) -> None:
+    out = df.copy()
+    for col in TUPLE_COLUMNS:
+        if col in out:
+            out[col] = out[col].map(lambda t: json.dumps(list(t)))
+    out.to_parquet(path, index=False)
+
+
+def from_parquet(path: Path) -> pd.DataFrame:
+    df = pd.read_parquet(path)
+    for col in TUPLE_COLUMNS:
+        if col in df:
+            df[col] = df[col].map(lambda s: _as_tuple(json.loads(s)))
+    return df
+
+
+def _as_tuple(value):
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, list) else value
+
+
+def write_text_atomic(path, text: str, newline: str | None = None) -> None:
+    """`text` into `path` through a temporary file beside it, swapped in when complete."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline=newline) as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_dir_atomic(target, write) -> Path:
+    """Fill a scratch folder beside `target` with `write(folder)`, then swap it into place."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        write(tmp)
+        replace_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target

@@ -1,0 +1,77 @@
+"""Every run option's default, meaning and check, in one place.
+
+The library (`diagnose`, `run_target`), a target's `Setup`, the CLI's flags and the notebook's
+parameters all take their defaults and their one-line errors from here, so they cannot drift
+apart. (The notebook's parameters cell holds literals, so it repeats the defaults; a test keeps
+it in step with `DEFAULTS`.)
+"""
+
+from __future__ import annotations
+
+from .errors import DiagkitError
+
+DELTA_MODES = ("exact", "sampled", "off")
+
+DEFAULTS = {
+    "steps": 5,        # training steps to observe
+    "delta": "exact",  # how each step's change is measured (DELTA_MODES)
+    "every": 1,        # observe every k-th step only
+    "sample": 4096,    # elements sampled per large tensor (delta="sampled")
+    "nproc": 1,        # processes of a torch.distributed job
+    "timeout": 120,    # seconds before a distributed run is ended
+    "fail_on": "error",
+}
+
+HELP = {
+    "steps": "training steps to observe",
+    "delta": "how each step's change is measured: exact (a copy of every tensor), sampled "
+             "(bounded memory: exact changed/unchanged, estimated norms) or off (no change "
+             "norms); all give the same verdicts",
+    "every": "observe only every K-th step (0, K, 2K, ...) of a long run",
+    "sample": "elements per tensor",
+    "nproc": "processes of a torch.distributed job (1: this process)",
+    "timeout": "seconds before a distributed run is ended (nproc > 1)",
+}
+
+
+def positive_int(value, label: str, error: type[Exception] = DiagkitError, what: str = ""):
+    """`value` if it is an int >= 1 (a bool is not), else `error` naming `label`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise error(f"{label} must be a positive int (>= 1){what}, got {value!r}")
+    return value
+
+
+def delta_mode(value, label: str = "delta", error: type[Exception] = DiagkitError) -> str:
+    if value not in DELTA_MODES:
+        raise error(f"{label} must be one of {', '.join(DELTA_MODES)}, got {value!r}")
+    return value
+
+
+# Options with a check beyond their type, by name; the notebook's parameters of these names get
+# the same check as the library's arguments and the CLI's flags.
+CHECKS = {
+    "steps": positive_int,
+    "every": positive_int,
+    "sample": lambda value, label, **kw: positive_int(value, label, what=" (elements per tensor)",
+                                                      **kw),
+    "nproc": positive_int,
+    "timeout": positive_int,
+    "delta": delta_mode,
+}
+
+
+def check_option(name: str, value, label: str | None = None,
+                 error: type[Exception] = DiagkitError):
+    """`value` of option `name` if it passes the option's check (see `CHECKS`)."""
+    return CHECKS[name](value, label or name, error=error)
+
+
+def check_run_options(*, steps=None, delta=DEFAULTS["delta"], every=DEFAULTS["every"],
+                      sample=DEFAULTS["sample"], label=str) -> None:
+    """A clear one-line error before any work starts. `label(name)` words the option's name
+    for its caller (the notebook says "notebook parameter 'steps'")."""
+    values = {"steps": steps, "delta": delta, "every": every, "sample": sample}
+    for name, value in values.items():
+        if value is None and name == "steps":
+            continue
+        check_option(name, value, label(name))

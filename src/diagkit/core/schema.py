@@ -1,0 +1,70 @@
+"""The two tables every layer speaks, written down once.
+
+Measuring fills them, judging reads them, presenting shows them. A column documented here is
+public (see the README's "The result" section); adding one means adding it here first.
+"""
+
+from __future__ import annotations
+
+# name -> meaning. Order is the column order of the DataFrame.
+PARAMS_COLUMNS: dict[str, str] = {
+    "name": "first name model.named_parameters() gives the tensor; `<optimizer i group j #k>` "
+            "for a tensor held by an optimizer but not by the model",
+    "aliases": "tuple of the tensor's other names (tied weights, a module registered twice)",
+    "module": "dotted name of the module that owns the tensor ('' for the root)",
+    "module_type": "class name of that module",
+    "shape": "tuple of ints",
+    "numel": "number of elements",
+    "bytes": "numel * element size",
+    "dtype": "e.g. 'torch.float32'",
+    "device": "e.g. 'cpu', 'cuda:0'",
+    "in_model": "the tensor is a parameter of the model",
+    "requires_grad": "requires_grad on the last observed step (at optimizer-step time)",
+    "optimizer": "index of the first optimizer holding the tensor (<NA> if none)",
+    "group": "index of the param group in that optimizer (<NA> if none)",
+    "memberships": "tuple of (optimizer, group) pairs holding the tensor, decided by identity",
+    "n_optimizers": "how many distinct optimizers hold the tensor",
+    "lr": "learning rate of its (first) group on the last step (NaN if none)",
+    "weight_decay": "weight decay of its (first) group (NaN if none)",
+    "steps": "steps observed",
+    "rg_steps": "steps on which it required grad",
+    "used_steps": "steps on which autograd accumulated a gradient into it",
+    "changed_steps": "steps on which its value changed (exact comparison)",
+    "carried_steps": "steps whose first accumulation landed on a non-zero .grad",
+    "nonfinite_steps": "steps on which its fresh gradient held NaN or Inf",
+    "grad_norm": "fresh-gradient L2 norm on the last step it was used (NaN if never)",
+    "grad_total_norm": "L2 norm of the .grad the optimizer saw on the last step (NaN if None)",
+    "delta_norm": "mean over steps of the per-step change's L2 norm",
+    "update_ratio": "mean over steps of delta_norm / norm of the value before the step",
+    "verdicts": "tuple of verdict names, ('ok',) when none applies",
+}
+
+STEPS_COLUMNS: dict[str, str] = {
+    "step": "0-based step index",
+    "name": "tensor name, as in params.name",
+    "requires_grad": "requires_grad when the first optimizer stepped (else at the end of the step)",
+    "used": "autograd accumulated a gradient into it during the step (even an all-zero one)",
+    "grad_norm": "L2 norm of the gradient produced during this step only (NaN if none); "
+                 "exactly 0 only when every element is 0 (small values never underflow to 0)",
+    "grad_total_norm": "L2 norm of the .grad the optimizer sees (NaN if None)",
+    "carried_grad": "the step's first accumulation landed on a non-zero .grad from earlier",
+    "delta_norm": "L2 norm of (value after the step - value before); exactly 0 only when "
+                  "unchanged. delta='sampled': estimated from a fixed sample; 'off': NaN",
+    "update_ratio": "delta_norm / L2 norm of the value before (NaN if that is 0)",
+    "changed": "any element differs after the step (exact comparison)",
+    "lr": "learning rate of its (first) group at optimizer-step time (NaN if none)",
+    "nonfinite": "the step's fresh gradient held NaN or Inf",
+}
+
+# Present only in distributed runs (gathered from every rank).
+DISTRIBUTED_STEPS_COLUMNS: dict[str, str] = {
+    "rank": "the rank that observed the row",
+    "checksum": "fingerprint of the tensor's value after the step (float64 sum and sum of "
+                "squares): equal across ranks when the copies are equal",
+}
+
+# Columns holding tuples: stored as lists on disk, turned back into tuples on load.
+TUPLE_COLUMNS = ("aliases", "shape", "memberships", "verdicts")
+
+# Boolean columns of the steps table (an empty table keeps these dtypes).
+BOOL_STEP_COLUMNS = frozenset({"requires_grad", "used", "carried_grad", "changed", "nonfinite"})

@@ -1,0 +1,87 @@
+"""Run-level advice: the right `find_unused_parameters` for DDP, and whether `static_graph`
+is possible, each with its evidence. Which tensors are unused or used on some steps only is
+read from their verdicts, never decided again here."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..core.format import human_bytes
+from .findings import unused_tensors
+
+
+def build_advice(params: pd.DataFrame, steps: pd.DataFrame, ddp: dict | None = None,
+                 cost: dict | None = None) -> dict:
+    """The right DDP flags for this model as observed, each with its evidence. In a
+    distributed run, `ddp` is what DDP itself reported and `cost` the measured price of
+    find_unused_parameters=True (see `diagkit.run.worker`)."""
+    model_names = set(params.loc[params["in_model"].astype(bool), "name"])
+    s = steps[steps["name"].isin(model_names)]
+    if "rank" in s.columns:  # every (rank, step) is one observation of what DDP will see
+        s = s.assign(step=s["rank"].astype(str) + ":" + s["step"].astype(str))
+        steps_word = "rank-steps"
+    else:
+        steps_word = "steps"
+    n_steps = int(s["step"].nunique()) if len(s) else 0
+    missed = unused_tensors(params)
+    fup = _find_unused(missed, n_steps, steps_word)
+    if ddp is not None:
+        fup["ddp"] = ddp
+    if cost:
+        fup["measured_cost"] = cost
+        if cost.get("ratio"):
+            fup["evidence"] += (f"; measured here: find_unused_parameters=True costs "
+                                f"{cost['ratio']:.2f}x the step time of False "
+                                f"(medians of {cost['rounds']} interleaved rounds)")
+    rg = s[s["requires_grad"].astype(bool)]
+    static, static_evidence = _static_graph(rg if len(s) else s, s, n_steps, steps_word)
+    return {"find_unused_parameters": fup,
+            "static_graph": {"value": static, "evidence": static_evidence},
+            "steps": n_steps}
+
+
+def _find_unused(missed: dict, n_steps: int, steps_word: str) -> dict:
+    """find_unused_parameters: needed when a tensor requiring grad misses a gradient."""
+    never, sometimes = missed["unused"], missed["intermittent"]
+    need = bool(never or sometimes)
+    if n_steps == 0:
+        evidence = "no step completed, so nothing was observed"
+    elif not need:
+        evidence = (f"every tensor that requires grad received a gradient on every one of "
+                    f"the {n_steps} observed {steps_word}")
+    else:
+        parts = []
+        if never:
+            parts.append(f"{len(never)} tensor(s) requiring grad never received a gradient "
+                         f"({human_bytes(missed['unused_bytes'])} of dead weight)")
+        if sometimes:
+            parts.append(f"{len(sometimes)} tensor(s) received gradients on some steps only")
+        evidence = "; ".join(parts) + f" over {n_steps} {steps_word}"
+    if never and not sometimes:
+        recommendation = ("freeze or drop the never-used tensors (see the 'unused' findings), "
+                          "then use find_unused_parameters=False")
+    elif sometimes:
+        recommendation = ("keep find_unused_parameters=True while the forward's branches are "
+                          "data-dependent")
+    else:
+        recommendation = "use find_unused_parameters=False"
+    return {"value": need, "evidence": evidence, "unused": never, "intermittent": sometimes,
+            "unused_bytes": missed["unused_bytes"], "after_fix": bool(sometimes),
+            "recommendation": recommendation}
+
+
+def _static_graph(rg: pd.DataFrame, s: pd.DataFrame, n_steps: int,
+                  steps_word: str = "steps") -> tuple[bool, str]:
+    if n_steps == 0:
+        return False, "no step completed"
+    rg_sets = s[s["requires_grad"].astype(bool)].groupby("step")["name"].apply(frozenset)
+    used_sets = rg[rg["used"].astype(bool)].groupby("step")["name"].apply(frozenset)
+    used_sets = used_sets.reindex(s["step"].unique()).apply(
+        lambda x: x if isinstance(x, frozenset) else frozenset())
+    if rg_sets.nunique() > 1:
+        return False, "the set of tensors requiring grad changed between steps"
+    if used_sets.nunique() > 1:
+        return False, "the set of tensors receiving gradients changed between steps"
+    if n_steps == 1:
+        return True, "one step observed: nothing contradicts a static graph (observe more steps)"
+    return True, f"the same tensors received gradients on all {n_steps} observed {steps_word}"

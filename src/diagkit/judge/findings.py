@@ -1,0 +1,160 @@
+"""From verdicts to what a person reads: one finding per verdict per module subtree.
+
+Tensors sharing a verdict are reported under the highest module whose every tensor has it
+("decoder: 12 tensors, 1.2 MB"), so a dead branch is one line, not a hundred. Pure functions of
+the tables; nothing here measures.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+
+from ..core import severity
+from ..core.format import human_bytes
+from ..core.result import Finding, StepFailure
+from ..measure.aggregate import fold_ranks
+from .verdicts import VERDICTS
+from .wording import subject
+
+DDP_REDUCTION_ERROR = "Expected to have finished reduction"  # DDP's refusal of unused tensors
+
+
+def build_findings(params: pd.DataFrame, steps: pd.DataFrame, check_errors=(),
+                   failure: StepFailure | None = None, extra=()) -> list[Finding]:
+    """Every finding of a run: DDP's own refusal of unused tensors first, then worst first the
+    step that failed, the rules that crashed, one per verdict per subtree, and `extra` (a
+    checkpoint's)."""
+    findings = failure_findings(failure, check_errors)
+    verdicts = params["verdicts"]
+    steps = fold_ranks(steps)
+    for code, v in VERDICTS.items():
+        flagged = verdicts.map(lambda vs, c=code: c in vs).to_numpy(dtype=bool)
+        if not flagged.any():
+            continue
+        explain = v.explain or _explain_generic(v)
+        for label, rows, whole in subtrees(params, flagged):
+            group = params.iloc[rows].copy()
+            group.attrs["whole"] = whole
+            message, fix = explain(label, group, steps)
+            findings.append(Finding(code, v.severity, tuple(group["name"]), message, fix,
+                                    module=label, count=len(group),
+                                    bytes=int(group["bytes"].sum())))
+    # DDP's refusal is why the run stopped: it leads, before the sorted rest.
+    return ddp_findings(params, failure) + sort_findings(findings + list(extra))
+
+
+def failure_findings(failure: StepFailure | None, check_errors=()) -> list[Finding]:
+    """The user's step that raised, and the rules that crashed: errors of the run itself."""
+    findings: list[Finding] = []
+    if failure is not None:
+        findings.append(Finding(
+            "step_failed", "error", (),
+            f"your training step raised at step {failure.step}: {failure.error}. "
+            + (f"The {failure.step} step(s) before it are kept and judged below."
+               if failure.step else "No step completed, so no tensor could be judged."),
+            "Fix the error in the step (full traceback in diag.failure.traceback), then rerun."))
+    for code, error in check_errors:
+        findings.append(Finding(
+            "check_failed", "error", (),
+            f"the check for '{code}' crashed ({error}); its verdict is missing from this run.",
+            "Report this as a diagkit bug, with the traceback of diagkit.judge.verdicts.judge."))
+    return findings
+
+
+def ddp_findings(params: pd.DataFrame, failure: StepFailure | None) -> list[Finding]:
+    """DDP(find_unused_parameters=False) stopping the run, as a finding naming the tensors it
+    refused (those the verdicts call unused or intermittent)."""
+    if failure is None or DDP_REDUCTION_ERROR not in failure.error:
+        return []
+    unused = unused_tensors(params)
+    names = unused["unused"] + unused["intermittent"]
+    size = human_bytes(unused["unused_bytes"])
+    listed = ", ".join(f"`{n}`" for n in names[:8]) + (
+        f" and {len(names) - 8} more" if len(names) > 8 else "")
+    return [Finding(
+        "ddp_unused_parameters", "error", tuple(names),
+        f"DistributedDataParallel(find_unused_parameters=False) stopped the run at step "
+        f"{failure.step}: {len(names)} tensor(s) requiring grad got no gradient"
+        + (f": {listed} ({size})" if names else "") + ".",
+        "Freeze or drop those tensors (for p in <module>.parameters(): p.requires_grad_(False)) "
+        "before wrapping in DDP; or, if the forward really skips them on some steps, "
+        "DDP(model, find_unused_parameters=True).",
+        module="", count=len(names), bytes=unused["unused_bytes"])]
+
+
+def unused_tensors(params: pd.DataFrame) -> dict:
+    """The model's tensors DDP would miss, from their verdicts: `unused` (never a gradient),
+    `intermittent` (on some steps, or some ranks, only) and the bytes of the unused ones."""
+    model = params[params["in_model"].astype(bool)]
+    verdicts = model["verdicts"]
+    never = verdicts.map(lambda vs: "unused" in vs)
+    sometimes = verdicts.map(lambda vs: "intermittent" in vs or "rank_dependent_use" in vs) \
+        & ~never
+    return {"unused": list(model.loc[never, "name"]),
+            "intermittent": list(model.loc[sometimes, "name"]),
+            "unused_bytes": int(model.loc[never, "bytes"].sum())}
+
+
+def sort_findings(findings: list[Finding]) -> list[Finding]:
+    """Worst first, then the biggest."""
+    return sorted(findings, key=lambda f: (-severity.rank(f.severity), -f.bytes, f.code,
+                                           f.module))
+
+
+def _explain_generic(v):
+    """For a verdict registered without an explanation: its meaning, and where to read more."""
+    def explain(label, group, steps):
+        return f"{subject(label, group)}: {v.meaning}", "See the README's verdict table."
+    return explain
+
+
+def _ancestors(module: str) -> list[str]:
+    parts = module.split(".") if module else []
+    return [""] + [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+MAX_GROUPS = 6  # past this many groups for one verdict, coarsen to broader subtrees
+
+
+def subtrees(params: pd.DataFrame, flagged: np.ndarray) -> list[tuple[str, list[int], bool]]:
+    """Group flagged rows under the highest module whose whole subtree is flagged.
+
+    Returns (label, rows, whole). Scattered hits (every bias, say) would give one group per
+    module; beyond MAX_GROUPS they are gathered under their broadest common subtrees instead,
+    and such a group is marked partial (whole=False).
+    """
+    total, hit = Counter(), Counter()
+    for module, in_model, is_hit in zip(params["module"], params["in_model"], flagged):
+        if in_model:
+            for anc in _ancestors(module):
+                total[anc] += 1
+                hit[anc] += int(is_hit)
+    keys: dict[int, str] = {}
+    for i in np.flatnonzero(flagged):
+        row = params.iloc[i]
+        if not row["in_model"]:
+            keys[int(i)] = row["name"]
+            continue
+        whole = next((a for a in _ancestors(row["module"]) if hit[a] == total[a]), None)
+        keys[int(i)] = whole if whole is not None else row["name"]
+    if len(set(keys.values())) > MAX_GROUPS:
+        keys = _coarsen(keys, params)
+    groups: dict[str, list[int]] = {}
+    for i, key in keys.items():
+        groups.setdefault(key, []).append(i)
+    return [(key, rows, len(rows) == 1 or (key in total and hit[key] == total[key]))
+            for key, rows in groups.items()]
+
+
+def _coarsen(keys: dict[int, str], params: pd.DataFrame) -> dict[int, str]:
+    """The deepest module level at which the groups number at most MAX_GROUPS."""
+    in_model = params["in_model"].to_numpy()
+    depth = max(len(k.split(".")) for k in keys.values())
+    for d in range(depth, 0, -1):
+        trial = {i: (".".join(k.split(".")[:d]) if in_model[i] else k) for i, k in keys.items()}
+        if len(set(trial.values())) <= MAX_GROUPS:
+            return trial
+    return {i: ("" if in_model[i] else k) for i, k in keys.items()}

@@ -1,0 +1,61 @@
+"""Verdicts about optimizer groups: membership by identity, and weight decay where it hurts.
+
+Each rule is followed by the explanation of its findings (see `diagkit.judge.verdict`)."""
+
+from __future__ import annotations
+
+from .verdict import in_optimizer, verdict
+from .wording import subject
+
+
+@verdict("decay_on_norm_or_bias", "info",
+         ('Weight decay > 0 on a bias (name ends in `bias`) or on a weight of a '
+          'normalization module (class name contains `Norm`).'))
+def decay_on_norm_or_bias(params, steps):
+    is_bias = params["name"].str.endswith("bias")
+    is_norm = params["module_type"].fillna("").str.contains("Norm", regex=False)
+    return (params["weight_decay"].fillna(0) > 0) & (is_bias | is_norm)
+
+
+@decay_on_norm_or_bias.explains
+def _explain_decay(label, group, steps):
+    message = (f"{subject(label, group)} is a bias or a normalization weight in a group with "
+               "weight_decay > 0; decaying these usually hurts.")
+    fix = ("Split the groups by identity (as minGPT's configure_optimizers does): "
+           "decay = [p for n, p in model.named_parameters() if p.dim() >= 2]; "
+           "no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]; "
+           'AdamW([{"params": decay, "weight_decay": wd}, {"params": no_decay, '
+           '"weight_decay": 0.0}])')
+    return message, fix
+
+
+@verdict("in_multiple_optimizers", "error",
+         ('More than one optimizer holds it: it is stepped twice per step.'))
+def in_multiple_optimizers(params, steps):
+    return params["n_optimizers"] > 1
+
+
+@in_multiple_optimizers.explains
+def _explain_multiple(label, group, steps):
+    pairs = sorted({p for m in group["memberships"] for p in m})
+    message = (f"{subject(label, group)} is held by more than one optimizer ({pairs}): it is "
+               "stepped twice per training step.")
+    fix = "Give each tensor to exactly one optimizer; assert it as minGPT does when building them."
+    return message, fix
+
+
+@verdict("not_in_model", "warning",
+         ('An optimizer holds it but the model does not (a stale head, a tensor passed as a'
+          " forward argument): `model.zero_grad()`, `state_dict()` and DDP's gradient sync "
+          'all miss it.'))
+def not_in_model(params, steps):
+    return in_optimizer(params) & ~params["in_model"].astype(bool)
+
+
+@not_in_model.explains
+def _explain_not_in_model(label, group, steps):
+    message = (f"{subject(label, group)} is held by an optimizer but is not a parameter of the "
+               "model: model.zero_grad(), state_dict() and DDP's gradient sync all miss it.")
+    fix = ("Register it on a module (self.x = nn.Parameter(...)) and build the optimizer from "
+           "model.parameters(); drop stale heads from the optimizer.")
+    return message, fix

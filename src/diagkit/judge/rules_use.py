@@ -1,0 +1,102 @@
+"""Verdicts about use: whether autograd reached the tensor, and whether its .grad is cleared.
+
+Each rule is followed by the explanation of its findings (see `diagkit.judge.verdict`)."""
+
+from __future__ import annotations
+
+from .verdict import in_optimizer, per_tensor, rg_used_counts, verdict
+from .wording import accessor, iter_expr, params_expr, subject, trend
+
+
+@verdict("orphan", "error",
+         ('It wants to learn (requires grad) and gets gradients, but no optimizer holds it,'
+          ' so it never changes. Its `.grad` is never cleared either and keeps growing. '
+          'Typical cause: a name filter such as `not n.startswith("module.metamodel")` — '
+          'under DDP every name starts with `module.`.'))
+def orphan(params, steps):
+    used_while_rg = rg_used_counts(params, steps)[1]
+    return (used_while_rg > 0) & ~in_optimizer(params)
+
+
+@orphan.explains
+def _explain_orphan(label, group, steps):
+    names = list(group["name"])
+    moved = trend(steps, names, "grad_total_norm")
+    message = (f"{subject(label, group)} requires grad and receives gradients, but no optimizer "
+               f"holds it: it is never trained"
+               + (f", and its .grad norm goes {moved} because optimizer.zero_grad() never "
+                  "clears it" if moved else "") + ".")
+    expr = params_expr(label, group)
+    fix = f'optimizer.add_param_group({{"params": {expr}}})'
+    prefixed = [n for n in names if n.startswith("module.")]
+    if prefixed:
+        top = ".".join(prefixed[0].split(".")[:2])
+        message += (f" Its name carries the DDP wrapper prefix `module.`: a filter on names such "
+                    f"as `not n.startswith(\"{top}\")` excludes it (the first seed's bug).")
+        fix = (f'Include it explicitly, by identity: {fix}  — or, if it should stay fixed, '
+               f'freeze it: for p in {iter_expr(label, group)}: p.requires_grad_(False)')
+    else:
+        fix = (f"Add it to an optimizer: {fix}  — or, if it should stay fixed, freeze it: "
+               f"for p in {iter_expr(label, group)}: p.requires_grad_(False)")
+    return message, fix
+
+
+@verdict("unused", "warning",
+         ('It requires grad but never gets a gradient: the forward does not use it. DDP '
+          'then needs `find_unused_parameters=True`, and the tensor is dead weight in the '
+          'optimizer and in every checkpoint.'))
+def unused(params, steps):
+    rg, used = rg_used_counts(params, steps)
+    return (rg > 0) & (used == 0)
+
+
+@unused.explains
+def _explain_unused(label, group, steps):
+    whole_module = (label and len(group) > 1 and group["in_model"].all()
+                    and group.attrs.get("whole", True))
+    message = (f"{subject(label, group)} requires grad but never receives a gradient: the forward "
+               "never uses it. Under DDP this forces find_unused_parameters=True, and it is dead "
+               "weight in the optimizer and every checkpoint.")
+    drop = (f"  — or drop the submodule before building the optimizer: del {accessor(label)}"
+            if whole_module else "")
+    fix = (f"Freeze it: for p in {iter_expr(label, group)}: p.requires_grad_(False){drop}; "
+           "then wrap with DDP(model, find_unused_parameters=False).")
+    return message, fix
+
+
+@verdict("intermittent", "info",
+         ('It gets gradients on some steps but not others (a data-dependent branch). DDP '
+          'needs `find_unused_parameters=True`; `static_graph` is not possible.'))
+def intermittent(params, steps):
+    rg, used = rg_used_counts(params, steps)
+    return (used > 0) & (used < rg)
+
+
+@intermittent.explains
+def _explain_intermittent(label, group, steps):
+    s = steps[steps["name"].isin(set(group["name"])) & steps["requires_grad"].astype(bool)]
+    used_at = sorted(s.loc[s["used"].astype(bool), "step"].unique().tolist())
+    message = (f"{subject(label, group)} receives gradients on some steps only "
+               f"(steps {used_at}): the forward takes a data-dependent branch.")
+    fix = ("Keep DDP(find_unused_parameters=True) (static_graph is not possible), or make the "
+           "branch contribute every step, e.g. loss = loss + 0.0 * sum(p.sum() for p in "
+           f"{params_expr(label, group)}).")
+    return message, fix
+
+
+@verdict("grad_not_cleared", "warning",
+         ("A step's gradient landed on a non-zero `.grad` left by an earlier step: nothing "
+          'zeroes it, so gradients silently accumulate across steps.'))
+def grad_not_cleared(params, steps):
+    return per_tensor(params, steps, steps["carried_grad"].astype(bool)) > 0
+
+
+@grad_not_cleared.explains
+def _explain_grad_not_cleared(label, group, steps):
+    moved = trend(steps, group["name"], "grad_total_norm")
+    message = (f"{subject(label, group)}: each step's gradient lands on the .grad left by the "
+               f"previous step, so gradients accumulate across steps"
+               + (f" (.grad norm {moved})" if moved else "") + ".")
+    fix = ("Make something zero it every step: put it in the optimizer (its zero_grad clears "
+           "it), or call model.zero_grad(set_to_none=True) instead of optimizer.zero_grad().")
+    return message, fix

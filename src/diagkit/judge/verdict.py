@@ -1,0 +1,79 @@
+"""What a verdict is: its name, severity and meaning, the rule that decides it, and the
+explanation (message and fix) of a finding made of it, declared together in one place.
+
+Rules live in the `rules_*` modules, one small function per verdict, each followed by its
+explanation; `diagkit.judge.verdicts` gathers them in the order of the README's table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pandas as pd
+
+from ..core import severity as _severity
+
+Rule = Callable[[pd.DataFrame, pd.DataFrame], pd.Series]
+# explain(label, group, steps) -> (message, fix): `group` is the params rows of one finding,
+# `label` its module subtree ('' for the whole model), `steps` the rank-folded steps table.
+Explain = Callable[[str, pd.DataFrame, pd.DataFrame], tuple[str, str]]
+
+REGISTRY: dict[str, "Verdict"] = {}
+
+
+@dataclasses.dataclass
+class Verdict:
+    """A verdict of the fixed vocabulary. `rule(params, steps)` returns a boolean Series
+    aligned with `params`; `per_rank` rules see every rank's rows, the others one row per
+    (step, tensor)."""
+
+    name: str
+    severity: str
+    meaning: str
+    rule: Rule
+    per_rank: bool = False
+    explain: Explain | None = None
+
+    def __post_init__(self):
+        if self.severity not in _severity.LEVELS:
+            raise ValueError(f"verdict {self.name!r}: unknown severity {self.severity!r}")
+
+    def __call__(self, params: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
+        return self.rule(params, steps)
+
+    def explains(self, explain: Explain) -> Explain:
+        """Decorator: the message and fix of this verdict's findings."""
+        self.explain = explain
+        return explain
+
+
+def verdict(name: str, severity: str, meaning: str, per_rank: bool = False):
+    """Decorator: register `rule` as the verdict `name`; returns the `Verdict` (callable)."""
+    def register(rule: Rule) -> Verdict:
+        REGISTRY[name] = v = Verdict(name, severity, meaning, rule, per_rank)
+        return v
+    return register
+
+
+# ------------------------------------------------------------------ helpers for rules
+def per_tensor(params: pd.DataFrame, steps: pd.DataFrame, mask: pd.Series) -> pd.Series:
+    """Count of steps (rows) where `mask` holds, per tensor, aligned with params."""
+    counts = mask.groupby(steps["name"]).sum() if len(steps) else pd.Series(dtype=int)
+    return params["name"].map(counts).fillna(0).astype(int)
+
+
+def rg_used_counts(params, steps):
+    """(steps requiring grad, of those the steps it was used) per tensor."""
+    rg = steps["requires_grad"].astype(bool)
+    used = steps["used"].astype(bool)
+    return per_tensor(params, steps, rg), per_tensor(params, steps, rg & used)
+
+
+def has_elements(params):
+    """An empty tensor can neither change nor carry a non-zero gradient: nothing to report."""
+    return params["numel"].fillna(1) > 0
+
+
+def in_optimizer(params):
+    return params["n_optimizers"] > 0

@@ -1,0 +1,56 @@
+"""Words shared by the verdicts' explanations: a tensor group as a subject, code to paste that
+reaches the tensors, and how a gradient norm moved over the steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..core.format import human_bytes
+
+
+def accessor(name: str, root: str = "model") -> str:
+    """`layers.0.weight` -> `model.layers[0].weight`: code the user can paste."""
+    if not name:
+        return root
+    out = root
+    for part in name.split("."):
+        out += f"[{part}]" if part.isdigit() else (f".{part}" if part.isidentifier()
+                                                   else f".get_submodule({part!r})")
+    return out
+
+
+def subject(label: str, group: pd.DataFrame) -> str:
+    size = human_bytes(int(group["bytes"].sum()))
+    if len(group) == 1:
+        return f"`{group['name'].iloc[0]}` ({size})"
+    where = f"`{label}`" if label else "the whole model"
+    if not group.attrs.get("whole", True):
+        where = f"{len(group)} tensors in {where}" if label else f"{len(group)} tensors"
+        return f"{where} ({size}; e.g. `{group['name'].iloc[0]}`)"
+    return f"{where} ({len(group)} tensors, {size})"
+
+
+def iter_expr(label: str, group: pd.DataFrame) -> str:
+    """Something to loop over in a fix: the module's .parameters() when a subtree is whole."""
+    if len(group) > 1 and label and group["in_model"].all() and group.attrs.get("whole", True):
+        return f"{accessor(label)}.parameters()"
+    return params_expr(label, group)
+
+
+def params_expr(label: str, group: pd.DataFrame) -> str:
+    if len(group) == 1:
+        return f"[{accessor(group['name'].iloc[0])}]"
+    if label and group["in_model"].all() and group.attrs.get("whole", True):
+        return f"list({accessor(label)}.parameters())"
+    return "[" + ", ".join(accessor(n) for n in group["name"]) + "]"
+
+
+def trend(steps: pd.DataFrame, names, column: str) -> str:
+    s = steps[steps["name"].isin(set(names))]
+    if s.empty:
+        return ""
+    per_step = s.groupby("step")[column].apply(lambda x: float(np.sqrt(np.nansum(x ** 2))))
+    if len(per_step) < 2:
+        return f"{per_step.iloc[0]:.3g}"
+    return f"{per_step.iloc[0]:.3g} → {per_step.iloc[-1]:.3g} over {len(per_step)} steps"

@@ -1,0 +1,104 @@
+"""Reading checkpoint files: a PyTorch file with weights_only=True (memory-mapped where it can
+be), or a `.safetensors` file; the state dict inside it, and an optimizer state beside it.
+Bad files end in a one-line `DiagkitError`, never a traceback from the unpickler."""
+
+from __future__ import annotations
+
+import pickle
+import re
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from ..core.errors import DiagkitError
+from ..core.format import brief
+
+NESTED_KEYS = ("model", "state_dict", "model_state_dict", "module", "net")
+
+
+OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "opt")
+
+
+TRUST_FLAG = "--trust-checkpoint"
+
+
+# What torch's weights-only unpickler says when a file names a class or function to run.
+_NEEDS_CODE = re.compile(r"Unsupported global|not an allowed global|global .* is not allowed")
+
+
+def read_checkpoint(path, trust: bool = False):
+    """The file's object: a safetensors dict, or a PyTorch file read with weights_only=True
+    (memory-mapped where the format allows, so a large file is not read whole)."""
+    file = Path(path)
+    if not file.is_file():
+        raise DiagkitError(f"no such checkpoint file: {path}")
+    if file.stat().st_size == 0:
+        raise DiagkitError(f"checkpoint {path} is empty")
+    if file.suffix == ".safetensors":
+        return _read_safetensors(file)
+    try:
+        with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's news
+            warnings.simplefilter("ignore")
+            try:
+                return torch.load(file, map_location="cpu", weights_only=not trust, mmap=True)
+            except RuntimeError as exc:
+                if "mmap" not in str(exc):
+                    raise
+                return torch.load(file, map_location="cpu", weights_only=not trust)
+    except pickle.UnpicklingError as exc:
+        if _NEEDS_CODE.search(str(exc)):
+            raise DiagkitError(f"checkpoint {path} needs arbitrary unpickling (it can run code) "
+                               f"and was refused; if you trust its source, pass {TRUST_FLAG}"
+                               ) from None
+        # torch's text starts with advice to load with weights_only=False: not for a bad file
+        detail = re.search(r"WeightsUnpickler error:\s*(.*?)\s*(?:Check the documentation|$)",
+                           str(exc), re.S)
+        raise DiagkitError(f"checkpoint {path} is not a readable PyTorch file (not a checkpoint, "
+                           f"or damaged): {brief(detail.group(1)) if detail else brief(exc)}"
+                           ) from None
+    except Exception as exc:  # truncated zip, not a checkpoint at all, ...
+        raise DiagkitError(f"checkpoint {path} is not a readable PyTorch file: "
+                           f"{type(exc).__name__}: {brief(exc)}") from None
+
+
+def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        from safetensors.torch import load_file
+        return load_file(str(file), device="cpu")
+    except Exception as exc:
+        raise DiagkitError(f"checkpoint {file} is not a readable safetensors file: "
+                           f"{type(exc).__name__}: {brief(exc)}") from None
+
+
+def find_state_dict(obj, path="checkpoint") -> dict[str, torch.Tensor]:
+    if isinstance(obj, Mapping) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return dict(obj)
+    if isinstance(obj, Mapping):
+        for key in NESTED_KEYS:
+            if key in obj:
+                return find_state_dict(obj[key], path)
+    raise DiagkitError(f"{path} holds no state dict of tensors (looked at the top level and "
+                       f"under {', '.join(NESTED_KEYS)})")
+
+
+def find_optimizer_state(obj) -> dict | None:
+    """An optimizer state dict stored beside the weights, if the file has one."""
+    if not isinstance(obj, Mapping):
+        return None
+    for key in OPTIMIZER_KEYS:
+        value = obj.get(key)
+        if isinstance(value, Mapping) and "state" in value and "param_groups" in value:
+            return dict(value)
+    return None
+
+
+def align_prefix(state: dict, wanted: set) -> dict:
+    if set(state) & wanted:
+        return state
+    stripped = {k.removeprefix("module."): v for k, v in state.items()}
+    if set(stripped) & wanted:
+        return stripped
+    added = {f"module.{k}": v for k, v in state.items()}
+    return added if set(added) & wanted else state

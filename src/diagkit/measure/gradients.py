@@ -1,0 +1,179 @@
+"""How a step's gradients are observed: the two strategies and the fresh-gradient norms.
+
+Each tensor is observed by exactly one strategy:
+
+- `BackwardHooks`: a hook on the tensor fires as autograd accumulates into it (what `used`
+  means, and what DDP watches); the backward's gradients are measured when it ends, before
+  anything (clipping, unscaling) rewrites .grad in place. Any loop, any process group.
+- `OptimizerShare`: no hook. In the standard loop without a process group (see
+  `LoopFacts.hookless_shares`) a held tensor's .grad is None until this step's backward sets
+  it, so `used` and the fresh gradient are read from .grad as its first optimizer steps. One
+  Python call per tensor per backward was a large part of observing models with many small
+  tensors.
+
+Both queue norms on the `StepState` (`measure_fresh`); `resolve_fresh` turns the read-back into
+exact per-tensor values.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from .buckets import Buckets, Layout
+from .kernels import exact_norm, max_abs
+from .step_state import StepState
+
+_GRAD_AND_FLAG = operator.attrgetter("grad", "requires_grad")
+
+
+class BackwardHooks:
+    """A hook on each of the tensors `ks`, frozen ones too (a tensor unfrozen mid-run must be
+    observed). `observer` supplies the step in progress (`active`, `state`)."""
+
+    def __init__(self, observer, ks: list[int]):
+        self.obs = observer
+        self.ks = ks
+
+    def attach(self, handles: list) -> None:
+        for k in self.ks:
+            t = self.obs.tensors[k]
+            was = t.requires_grad
+            try:
+                if not was:
+                    t.requires_grad_(True)
+                handles.append(t.register_hook(self._hook(k)))
+            except RuntimeError:  # not a leaf we can hook: observed through values only
+                pass
+            finally:
+                if not was:
+                    t.requires_grad_(False)
+
+    def _hook(self, k: int) -> Callable:
+        obs, tensor = self.obs, self.obs.tensors[k]
+
+        def hook(grad):
+            if not obs.active:
+                return None
+            st = obs.state
+            if not st.backward_queued:
+                if not st.touched:
+                    obs.progress("backward")
+                st.backward_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
+            st.touched.add(k)
+            if not st.used[k]:
+                st.used[k] = True
+                current = tensor.grad
+                if current is not None:  # landing on an existing .grad: keep this step's own
+                    st.carried[k] = max_abs(current)
+                    st.own_grad[k] = grad
+            elif k in st.own_grad:
+                st.own_grad[k] = st.own_grad[k] + grad
+            return None
+        return hook
+
+    def _backward_end(self) -> None:
+        """Measure this backward's gradients: each tensor's own, where .grad holds older ones."""
+        obs = self.obs
+        st = obs.state
+        st.backward_queued = False
+        touched, st.touched = list(st.touched), set()
+        own_grad, tensors = st.own_grad, obs.tensors
+        own = dict(zip(touched, [tensors[k].grad for k in touched]))
+        on_grad = [k for k in touched if k not in own_grad] if own_grad else touched
+        if own_grad:
+            own.update((k, own_grad[k]) for k in touched if k in own_grad)
+        if any(g is None for g in own.values()):
+            own = {k: g for k, g in own.items() if g is not None}
+            on_grad = [k for k in on_grad if k in own]
+        measure_fresh(st, obs.everything, [own.get(k) for k in range(obs.n)],
+                      obs.zero_grad_expected)
+        st.on_grad[on_grad] = True  # measured on .grad itself: reusable at optimizer time
+        if not obs.loop.grads_untouched_until_step:
+            st.grad_versions.update((k, (own[k], own[k]._version)) for k in on_grad)
+
+
+class OptimizerShare:
+    """An optimizer's unhooked tensors `idx`, laid out once: the tensor objects, their layout
+    (positions, bucket groups) and the rows whose lr is read. Right after a backward those
+    objects are out of the CPU's caches, so a step touches each of them once (`take`)."""
+
+    def __init__(self, idx: np.ndarray, tensors: list[torch.Tensor], buckets: Buckets,
+                 group_of: np.ndarray):
+        self.idx = idx
+        self.first = int(idx[0])  # the whole share is read when this one is
+        self.layout = Layout(idx.tolist(), buckets)
+        self.tensors = [tensors[k] for k in self.layout.ks]
+        held = group_of[idx] >= 0
+        self.lr_rows, self.lr_groups = idx[held], group_of[idx][held]
+
+    def take(self, st: StepState, group_lrs: Callable[[], np.ndarray],
+             zero_expected: set[int]) -> None:
+        """As the optimizer steps: each .grad is this step's own gradient."""
+        pairs = list(map(_GRAD_AND_FLAG, self.tensors))
+        grads = [g for g, _ in pairs]
+        present = np.fromiter([g is not None for g in grads], dtype=bool, count=len(grads))
+        idx = self.idx
+        st.read[idx] = True
+        st.requires_grad[idx] = [f for _, f in pairs]
+        st.used[idx] = present
+        if len(self.lr_rows):
+            st.lr[self.lr_rows] = group_lrs()[self.lr_groups]
+        measure_fresh(st, self.layout, grads, zero_expected)
+        st.total_is_fresh.append(idx[present])  # nothing rewrote .grad: its norm is the fresh one
+
+
+def measure_fresh(st: StepState, layout: Layout, grads: list, zero_expected: set[int]) -> None:
+    """Queue the norms of one backward's gradients (`grads` at `layout`'s positions, None where
+    there is none), and an exact-zero check where a zero is expected (same read-back)."""
+    with torch.no_grad():
+        st.fresh_norms += layout.norms(grads)
+        for k in zero_expected:
+            g = layout.get(grads, k)
+            if g is not None:
+                st.fresh_zero[k] = max_abs(g)
+    st.fresh_grads.append((layout, grads))
+
+
+def resolve_fresh(st: StepState, values: np.ndarray, zero_checked: dict, n: int):
+    """(grad_norm, nonfinite, zero_now) per tensor from the read-back norms `values`.
+
+    Exact at the edges: 0 only when every element is 0, non-finite only when an element is;
+    the float32 norm decides all other tensors. `zero_now`: tensors whose gradient was exactly
+    zero, expected to be zero again next step.
+    """
+    grad_norm = np.full(n, np.nan)
+    nonfinite = np.zeros(n, dtype=bool)
+    fresh = (np.concatenate([np.asarray(ks, dtype=np.int64) for ks, _ in st.fresh_norms])
+             if st.fresh_norms else np.zeros(0, dtype=np.int64))
+    l2 = np.asarray(values, dtype=np.float64)
+    if len(st.fresh_grads) > 1:  # a later backward of the same step supersedes
+        _, first = np.unique(fresh[::-1], return_index=True)
+        last = len(fresh) - 1 - first
+        fresh, l2 = fresh[last], l2[last]
+    zero_now = set()
+    for j in np.flatnonzero(~(np.isfinite(l2) & (l2 > 0))):
+        k = int(fresh[j])
+        g = _fresh_grad(st, k)
+        mx = zero_checked[k] if k in zero_checked else float(max_abs(g))
+        if not np.isfinite(mx):  # a NaN or Inf element: the norm stays NaN or inf
+            nonfinite[k] = True
+        else:
+            l2[j] = 0.0 if mx == 0 else exact_norm(g)
+            if l2[j] == 0:
+                zero_now.add(k)
+    grad_norm[fresh] = l2
+    return grad_norm, nonfinite, zero_now
+
+
+def _fresh_grad(st: StepState, k: int) -> torch.Tensor:
+    """Tensor k's gradient of this step's last backward that reached it."""
+    for layout, grads in reversed(st.fresh_grads):
+        g = layout.get(grads, k)
+        if g is not None:
+            return g
+    raise KeyError(k)

@@ -1,0 +1,273 @@
+"""Observe real training steps that someone else runs: the only place torch hooks are set.
+
+The observer does not own the loop. Whoever runs the steps (diagkit's own loop in
+`diagkit.run.loop`, or a user's) brackets each observed step with `begin_step()` and
+`end_step()`; the optimizers' step pre-hooks tell it when each optimizer steps. Hooks live only
+while it is attached, as a context manager:
+
+    with Observer(inventory, optimizers) as obs:
+        obs.begin_step(0); train_one_step(); obs.end_step(loss)
+    obs.steps_table()
+
+Per step and tensor it records the columns of `diagkit.core.schema.STEPS_COLUMNS`. Work is
+batched across tensors and read back to the host once per step and device, never once per
+tensor, so observation stays cheap on an accelerator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..core.options import DEFAULTS
+from ..core.schema import BOOL_STEP_COLUMNS, STEPS_COLUMNS
+from .buckets import Buckets, Layout
+from .gradients import BackwardHooks, OptimizerShare, resolve_fresh
+from .inventory import Inventory, group_lr
+from .kernels import checksum, norms
+from .probes import make_probe
+from .readback import Pending
+from .step_state import LoopFacts, StepState
+
+
+class Observer:
+    """Per-step observation of `inventory`'s tensors under `optimizers`.
+
+    `delta`: the probe that measures each step's change (`diagkit.measure.probes`).
+    `checksums`: a value fingerprint per tensor and step, to compare ranks. `on_progress(event,
+    step, observer)`: a watchdog's feed ("begin", "backward", "end"). `loop`: what the loop
+    running the steps guarantees (`LoopFacts`; nothing by default).
+    """
+
+    def __init__(self, inventory: Inventory, optimizers: list[torch.optim.Optimizer], *,
+                 delta: str = DEFAULTS["delta"], sample: int = DEFAULTS["sample"],
+                 checksums: bool = False, on_progress: Callable | None = None,
+                 loop: LoopFacts = LoopFacts()):
+        self.inv, self.tensors, self.optimizers = inventory, inventory.tensors, optimizers
+        self.n = n = len(self.tensors)
+        self.checksums, self.on_progress, self.loop = checksums, on_progress, loop
+        self.active = False          # between begin_step and end_step: hooks record
+        self.state: StepState | None = None
+        self.losses: list[float] = []
+        self.zero_grad_expected: set[int] = set()  # exactly-zero fresh gradients last step
+        self._handles: list = []
+        self._records: list[dict[str, np.ndarray]] = []
+        self._step_ids: list[int] = []
+        # The tensors each optimizer holds, and each tensor's (optimizer, group) lr slot.
+        self._held_by = [np.array([k for k, row in enumerate(inventory.rows)
+                                   if any(o == i for o, _ in row["memberships"])], dtype=np.int64)
+                         for i in range(len(optimizers))]
+        self._lr_slots = sorted({g for g in inventory.first_group if g is not None})
+        self._slot_of = np.array([-1 if g is None else self._lr_slots.index(g)
+                                  for g in inventory.first_group], dtype=np.int64)
+        held = {int(k) for ks in self._held_by for k in ks}
+        self.probe = make_probe(delta, self.tensors, {k for k, t in enumerate(self.tensors)
+                                                      if not t.requires_grad or k not in held},
+                                sample)
+        self._grad_buckets = Buckets(self.tensors)
+        self.everything = Layout(list(range(n)), self._grad_buckets)
+        self._shares = self._plan_shares()
+        shared = np.zeros(n, dtype=bool)
+        for share in self._shares:
+            if share is not None:
+                shared[share.idx] = True
+        self._hooks = BackwardHooks(self, np.flatnonzero(~shared).tolist())
+        self._all = np.arange(n)
+
+    def _plan_shares(self) -> list[OptimizerShare | None]:
+        """Each optimizer's hookless share (its tensors no earlier optimizer holds), when the
+        loop allows it; None where it holds nothing new or the loop does not."""
+        shares: list[OptimizerShare | None] = [None] * len(self.optimizers)
+        if not self.loop.hookless_shares:
+            return shares
+        taken = np.zeros(self.n, dtype=bool)
+        for i, ks in enumerate(self._held_by):
+            mine = ks[~taken[ks]]
+            taken[mine] = True
+            if len(mine):
+                shares[i] = OptimizerShare(mine, self.tensors, self._grad_buckets, self._slot_of)
+        return shares
+
+    # ----------------------------------------------------------------- lifecycle
+    def __enter__(self) -> "Observer":
+        self.attach()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.detach()
+
+    def attach(self) -> None:
+        """Allocate the probe's buffers and set every hook (all undone if any of it fails)."""
+        try:
+            self.probe.attach()
+            self._hooks.attach(self._handles)
+            for i, opt in enumerate(self.optimizers):
+                self._handles.append(opt.register_step_pre_hook(self._optimizer_hook(i)))
+        except BaseException:
+            self.detach()
+            raise
+
+    def detach(self) -> None:
+        """Remove every hook and free every buffer; safe to call more than once."""
+        self.active = False
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.probe.detach()
+        self._grad_buckets.clear()
+        if self.state is not None:
+            self.state.release()
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    def progress(self, event: str) -> None:
+        if self.on_progress is not None:
+            self.on_progress(event, self.state.index, self)
+
+    # ----------------------------------------------------------------- steps
+    def begin_step(self, step: int | None = None, consecutive: bool = False) -> None:
+        """Start observing a step. `consecutive`: nothing ran since the last `end_step`."""
+        self.state = StepState.begin(len(self._records) if step is None else step, self.n)
+        self.probe.begin(consecutive=consecutive)
+        self.active = True
+        self.progress("begin")
+
+    def abort_step(self) -> None:
+        """The step raised: drop its partial observations."""
+        self.active = False
+        self.state.release()
+
+    def end_step(self, loss=None) -> None:
+        """Record the step: read what no optimizer read, then one read-back for everything."""
+        st = self.state
+        if not st.read.all():
+            self._read_at_step(self._all)  # what no optimizer stepped: as it stands now
+        self.active = False
+        pending, keys = self._queue(st, loss)
+        got = pending.read()
+        delta, changed, ratio = self.probe.resolve(got)
+        grad_norm, nonfinite, self.zero_grad_expected = resolve_fresh(
+            st, got["fresh_l2"], dict(zip(keys["fresh_zero"], got["fresh_zero"])), self.n)
+        grad_total = np.full(self.n, np.nan)
+        grad_total[keys["grad_l2"]] = got["grad_l2"]
+        same = np.concatenate(st.total_is_fresh) if st.total_is_fresh else self._all[:0]
+        grad_total[same] = grad_norm[same]
+        carried_grad = np.zeros(self.n, dtype=bool)
+        carried_grad[keys["carried"]] = got["carried"] != 0  # NaN != 0: a NaN .grad is carried
+        self._records.append({
+            "requires_grad": st.requires_grad, "used": st.used, "grad_norm": grad_norm,
+            "grad_total_norm": grad_total, "carried_grad": carried_grad, "delta_norm": delta,
+            "update_ratio": ratio, "changed": changed, "lr": st.lr, "nonfinite": nonfinite,
+            **({"checksum": got["checksum"]} if self.checksums else {})})
+        self._step_ids.append(st.index)
+        st.release()
+        if keys["scalar_loss"]:
+            self.losses.append(float(got["loss"][0]))
+        elif loss is not None:
+            self.losses.append(_as_float(loss))
+        self.progress("end")
+
+    def _queue(self, st: StepState, loss) -> tuple[Pending, dict]:
+        """Every device scalar of the step on one `Pending`, and the tensors each name covers."""
+        pending = Pending()
+        keys = {"fresh_zero": sorted(st.fresh_zero), "grad_l2": sorted(st.total_norms),
+                "carried": sorted(st.carried),
+                "scalar_loss": isinstance(loss, torch.Tensor) and loss.numel() == 1}
+        with torch.no_grad():
+            self.probe.end(pending)
+            pending.add("fresh_l2", [])
+            for _, part in st.fresh_norms:
+                pending.add("fresh_l2", part)
+            pending.add("fresh_zero", [st.fresh_zero[k] for k in keys["fresh_zero"]])
+            pending.add("grad_l2", [st.total_norms[k] for k in keys["grad_l2"]])
+            pending.add("carried", [st.carried[k] for k in keys["carried"]])
+            pending.add("checksum", [checksum(t) for t in self.tensors] if self.checksums else [])
+            # The loss rides along with the step's one read-back instead of its own sync.
+            pending.add("loss", [loss.detach().reshape(()).float()] if keys["scalar_loss"]
+                        else [])
+        return pending, keys
+
+    # ----------------------------------------------------------------- optimizer time
+    def _optimizer_hook(self, i: int) -> Callable:
+        share = self._shares[i]
+        # Held tensors outside the share: those an earlier optimizer holds too.
+        rest = self._held_by[i] if share is None else np.setdiff1d(self._held_by[i], share.idx)
+
+        def hook(*_args):
+            if self.active:
+                if share is not None and not self.state.read[share.first]:
+                    share.take(self.state, self._group_lrs, self.zero_grad_expected)
+                if len(rest):
+                    self._read_at_step(rest)
+        return hook
+
+    def _read_at_step(self, indices: np.ndarray) -> None:
+        """What an optimizer sees as it steps: requires_grad, lr and .grad of what it holds."""
+        st = self.state
+        idx = indices[~st.read[indices]]
+        if not len(idx):
+            return
+        st.read[idx] = True
+        tensors, ks = self.tensors, idx.tolist()
+        st.requires_grad[idx] = [tensors[k].requires_grad for k in ks]
+        slots = self._slot_of[idx]
+        if (slots >= 0).any():
+            st.lr[idx[slots >= 0]] = self._group_lrs()[slots[slots >= 0]]
+        untouched = self.loop.grads_untouched_until_step
+        if untouched:  # measured at backward end: known to be there
+            has_grad = st.on_grad[idx].copy()
+            rest = np.flatnonzero(~has_grad)
+            has_grad[rest] = [tensors[ks[j]].grad is not None for j in rest]
+        else:
+            has_grad = np.array([tensors[k].grad is not None for k in ks], dtype=bool)
+        # A .grad nothing rewrote since backward ended (no clipping, no unscaling) already has
+        # its norm: skip a pass over it.
+        reusable = has_grad & st.on_grad[idx]
+        if not untouched:
+            for j in np.flatnonzero(reusable):
+                g, version = st.grad_versions[ks[j]]
+                reusable[j] = tensors[ks[j]].grad is g and g._version == version
+        st.total_is_fresh.append(idx[reusable])
+        todo = idx[has_grad & ~reusable].tolist()
+        with torch.no_grad():
+            st.total_norms.update(zip(todo, norms([tensors[k].grad for k in todo])))
+
+    def _group_lrs(self) -> np.ndarray:
+        """The lr of each (optimizer, param group) slot, as it is now."""
+        return np.array([group_lr(self.optimizers[i].param_groups[j])
+                         if j < len(self.optimizers[i].param_groups) else math.nan
+                         for i, j in self._lr_slots])
+
+    # ----------------------------------------------------------------- result
+    def steps_table(self) -> pd.DataFrame:
+        """Every recorded step, one row per (step, tensor)."""
+        count = len(self._records)
+        data = {"step": np.repeat(np.array(self._step_ids, dtype=np.int64), self.n),
+                "name": np.tile(np.array(self.inv.names, dtype=object), count)}
+        columns = list(STEPS_COLUMNS) + (["checksum"] if self.checksums else [])
+        for col in columns[2:]:
+            data[col] = (np.concatenate([r[col] for r in self._records]) if count
+                         else np.array([], dtype=bool if col in BOOL_STEP_COLUMNS else float))
+        return pd.DataFrame(data, columns=columns)
+
+    def step_table(self, step: int) -> pd.DataFrame:
+        """The rows of one recorded step (what a watchdog writes out as the run goes)."""
+        record = self._records[len(self._step_ids) - 1 - self._step_ids[::-1].index(step)]
+        data = {"step": np.full(self.n, step, dtype=np.int64),
+                "name": np.array(self.inv.names, dtype=object), **record}
+        return pd.DataFrame(data, columns=list(data))
+
+
+def _as_float(loss) -> float:
+    try:
+        if isinstance(loss, torch.Tensor):
+            return float(loss.detach().float().item())
+        return float(loss)
+    except (TypeError, ValueError, RuntimeError):
+        return math.nan

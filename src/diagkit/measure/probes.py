@@ -1,0 +1,64 @@
+"""How a step's change of each tensor is measured: the `delta=` modes.
+
+- `exact` (default): a snapshot buffer per tensor, allocated once and reused every step; the
+  change is `before - after` computed in place. Exact `changed` and `delta_norm`; extra memory
+  1x the tensors' bytes.
+- `sampled`: for models that do not fit twice. Tensors of at most `sample` elements are
+  snapshotted as in exact mode; larger ones get an integer fingerprint of their bits (exact
+  changed/unchanged, see `diagkit.measure.fingerprint`) and a fixed random sample of `sample`
+  positions whose change estimates `delta_norm` (scaled by sqrt(numel / sample)). Extra memory
+  is at most about `sample * 12` bytes per tensor, whatever its size.
+- `off`: as `sampled` without the samples: `delta_norm` and `update_ratio` are NaN,
+  `changed` stays exact. Extra memory: only the small tensors' copies.
+
+Every verdict reads `changed`, never the size of the change, so all three modes give the
+same verdicts. A probe never syncs with the device on its own: `end()` queues device scalars
+on a `Pending` that the recorder reads back once per step; only `resolve()` may look again,
+at the rare tensor whose float32 norm came out 0 or non-finite.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from ..core.options import DEFAULTS, delta_mode
+from .exact_probe import ExactProbe
+from .readback import Pending
+from .sampled_probe import FingerprintProbe
+
+
+class Probe(Protocol):
+    """How the observer measures each step's change. Called in this order only:
+    `attach()`, then per observed step `begin()` -> (the step runs) -> `end()` -> `resolve()`,
+    and `detach()` once at the end. Between `end()` and `resolve()` the observer reads the
+    `Pending` back (one host transfer for the whole step); `resolve()` returns three arrays
+    aligned with the observed tensors: (delta_norm, changed, update_ratio)."""
+
+    def attach(self) -> None:
+        """Allocate what every step reuses (snapshot buffers, sample positions)."""
+
+    def begin(self, consecutive: bool = False) -> None:
+        """Take the values before the step. `consecutive`: nothing ran since the last `end()`,
+        so what `end()` took then still holds (and need not be taken again)."""
+
+    def end(self, pending: Pending) -> None:
+        """Queue this step's device scalars on `pending`; never sync with the device."""
+
+    def resolve(self, got: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(delta_norm, changed, update_ratio) of every tensor, from the read-back `got`."""
+
+    def detach(self) -> None:
+        """Free everything `attach()` allocated."""
+
+
+def make_probe(mode: str, tensors: list[torch.Tensor], likely_static: set[int],
+               sample: int = DEFAULTS["sample"]) -> Probe:
+    """The probe of a `delta=` mode. `likely_static`: tensors whose change is expected to be
+    exactly zero (frozen, or held by no optimizer), checked for it in the step's read-back."""
+    delta_mode(mode, error=ValueError)
+    if mode == "exact":
+        return ExactProbe(tensors, range(len(tensors)), likely_static)
+    return FingerprintProbe(tensors, likely_static, sample, estimate=mode == "sampled")

@@ -1,0 +1,82 @@
+"""What the observer knows about the step in progress, and what the loop promises about it.
+
+`StepState` is made fresh by `Observer.begin_step` and read once by `Observer.end_step`; the
+observation strategies (`diagkit.measure.gradients`) fill it as the step runs. Arrays are
+indexed like the inventory's tensors (`k`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopFacts:
+    """What the loop that runs the steps guarantees to the observer; each lets it skip work.
+
+    `grads_untouched_until_step`: nothing runs between backward and `optimizer.step()` (no
+    clipping, unscaling, accumulation), so every .grad measured when backward ended is what the
+    optimizer sees, unchecked. `held_grads_start_none`: each optimizer's
+    `zero_grad(set_to_none=True)` runs right before the step's one backward and no process group
+    reduces gradients, so a tensor an optimizer holds was reached by autograd exactly when its
+    .grad is set as the optimizer steps: it needs no hook. Neither holds for a loop diagkit does
+    not run (the default).
+    """
+
+    grads_untouched_until_step: bool = False
+    held_grads_start_none: bool = False
+
+    @property
+    def hookless_shares(self) -> bool:
+        """Whether held tensors are observed from .grad at optimizer time, without a hook."""
+        return self.grads_untouched_until_step and self.held_grads_start_none
+
+
+@dataclasses.dataclass
+class StepState:
+    """One observed step, as it runs. Tensors are named by their index `k`."""
+
+    index: int
+    # Per tensor, read when its first optimizer steps (or at the end of the step if none does).
+    used: np.ndarray            # bool: autograd accumulated a gradient into it
+    read: np.ndarray            # bool: requires_grad, lr and .grad already read this step
+    requires_grad: np.ndarray   # bool
+    lr: np.ndarray              # float: its first group's lr (NaN if no optimizer holds it)
+    # The backward in progress (hooked tensors only).
+    touched: set[int] = dataclasses.field(default_factory=set)  # reached by this backward
+    backward_queued: bool = False  # its end-of-backward callback is queued
+    # k -> this step's own gradient, where the first accumulation landed on an older .grad.
+    own_grad: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # k -> max |.grad| that the first accumulation landed on (non-zero: carried over).
+    carried: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # Fresh-gradient norms queued for the read-back: [(ks, norms)], one entry per piece.
+    fresh_norms: list = dataclasses.field(default_factory=list)
+    # Each backward's gradients as measured, [(layout, grads)], to look at one again when its
+    # norm comes out 0 or non-finite; a later backward of the step supersedes an earlier one.
+    fresh_grads: list = dataclasses.field(default_factory=list)
+    # k -> max |fresh gradient|, queued where an exact zero is expected.
+    fresh_zero: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # Per tensor: its fresh gradient was measured on .grad itself (no older .grad under it).
+    on_grad: np.ndarray | None = None
+    # k -> (.grad object, its version) when measured: reusable at optimizer time if unchanged.
+    grad_versions: dict[int, tuple[torch.Tensor, int]] = dataclasses.field(default_factory=dict)
+    # k -> norm of the .grad the optimizer sees, where it is not the fresh gradient's norm.
+    total_norms: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # Index arrays of tensors whose .grad norm is their fresh norm (nothing rewrote .grad).
+    total_is_fresh: list[np.ndarray] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def begin(cls, index: int, n: int) -> "StepState":
+        return cls(index=index, used=np.zeros(n, dtype=bool), read=np.zeros(n, dtype=bool),
+                   requires_grad=np.zeros(n, dtype=bool), lr=np.full(n, math.nan),
+                   on_grad=np.zeros(n, dtype=bool))
+
+    def release(self) -> None:
+        """Drop the step's references to gradients (they may be large) once it is recorded."""
+        self.own_grad = {}
+        self.fresh_grads = []
+        self.grad_versions = {}

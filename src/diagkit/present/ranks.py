@@ -1,0 +1,102 @@
+"""The per-rank view of a distributed run: which ranks used which tensors on which steps, and
+where their copies diverged. The differences come from `judge.rules_ranks.rank_differences`,
+the same analysis the distributed verdicts use."""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+
+from ..core import severity
+from ..core.format import fmt_number, spans
+from ..judge.rules_ranks import rank_differences
+
+
+def _use_by_rank(rows: pd.DataFrame) -> str:
+    """Which ranks used one tensor on which steps, ranks with the same steps together:
+    'rank 1: steps 0–2; rank 0: never'."""
+    used_steps = {int(r): tuple(sorted(int(s) for s in g.loc[g["used"].astype(bool), "step"]))
+                  for r, g in rows.groupby("rank", sort=True)}
+    by_steps: dict[tuple, list[int]] = {}
+    for r, used in used_steps.items():
+        by_steps.setdefault(used, []).append(r)
+    parts = []
+    for used, ranks in sorted(by_steps.items(), key=lambda kv: (not kv[0], kv[1])):
+        who = f"rank{'s' if len(ranks) > 1 else ''} {spans(ranks)}"
+        when = (f"step{'s' if len(used) > 1 else ''} {spans(used)}" if used else "never")
+        parts.append(f"{who}: {when}")
+    return "; ".join(parts)
+
+
+def rank_view(diag, limit: int = 50) -> str:
+    """What differs between ranks in a distributed run (steps with a `rank` column).
+
+    One row per tensor that was used on some ranks and not others on some step, or whose
+    `checksum` differed between ranks after some step: which ranks used it on which steps, the
+    first step after which its values diverged, and the largest relative checksum spread
+    ((max - min) / max |checksum| over the ranks; inf when one rank's is NaN). Values that
+    diverged come first (earliest, then widest), then the rank-dependent use. At most `limit`
+    rows, then "and N more". A single-process run has nothing to compare: a short note.
+    """
+    esc = html.escape
+    steps = getattr(diag, "steps", diag)
+    if steps is None or "rank" not in steps.columns:
+        return '<p class="diagkit-ranks">single process: no per-rank view.</p>'
+    has_checksum = "checksum" in steps.columns
+    cols = ["step", "name", "rank", "used"] + (["checksum"] if has_checksum else [])
+    s = steps[cols].copy()
+    s["name"] = s["name"].astype(str)
+    ranks = sorted(int(r) for r in s["rank"].dropna().unique())
+    n_steps = int(s["step"].nunique())
+    position = pd.Series(np.arange(len(s)), index=s.index).groupby(s["name"], sort=False).min()
+
+    per_step = rank_differences(s)
+    per_step = per_step[per_step["mixed"] | per_step["diverged"]].reset_index()
+    per_step.columns = ["name", "step", "mixed", "diverged", "spread"]
+    div_step = per_step["step"].where(per_step["diverged"])
+    g = per_step.assign(div_step=div_step).groupby("name", sort=False)
+    flagged = pd.DataFrame({
+        "diverged": g["diverged"].any(),
+        "mixed": g["mixed"].any(),
+        "first": g["div_step"].min(),
+        "spread": g["spread"].max(),
+    })
+    flagged["position"] = position.reindex(flagged.index).to_numpy()
+    flagged = flagged.sort_values(["diverged", "first", "spread", "position"],
+                                  ascending=[False, True, False, True], kind="stable")
+
+    n_div, n_mixed = int(flagged["diverged"].sum()), int(flagged["mixed"].sum())
+    rank_text = f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
+    if ranks:
+        rank_text += f" ({spans(ranks)})"
+    summary = (f"{rank_text}, {n_steps} step{'s' if n_steps != 1 else ''} observed; "
+               + (f"{len(flagged)} tensor{'s differ' if len(flagged) != 1 else ' differs'} "
+                  "between ranks"
+                  f" ({n_mixed} used on some ranks only, {n_div} with values that diverged)."
+                  if len(flagged) else "no tensor differs between ranks."))
+    out = [f'<div class="diagkit-ranks"><p>{summary}</p>']
+    if len(flagged):
+        shown = flagged.iloc[:max(int(limit), 0)]
+        rows_of = s[s["name"].isin(shown.index)].groupby("name", sort=False)
+        warn, err = severity.COLORS["warning"], severity.COLORS["error"]
+        body = []
+        for name, f in shown.iterrows():
+            bg, fg = err if f["diverged"] else warn
+            first = f"after step {int(f['first'])}" if f["diverged"] else "—"
+            body.append(
+                f'<tr class="{"error" if f["diverged"] else "warning"}">'
+                f'<td style="background:{bg};color:{fg}"><code>{esc(name)}</code></td>'
+                f"<td>{esc(_use_by_rank(rows_of.get_group(name)))}</td>"
+                f"<td>{first}</td>"
+                f"<td style='text-align:right'>"
+                f"{fmt_number(f['spread']) if f['diverged'] else '—'}</td></tr>")
+        head = "".join(f"<th>{h}</th>" for h in ("tensor", "used on", "values diverged",
+                                                 "max relative spread"))
+        out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
+                   "</table>")
+        if len(flagged) > len(shown):
+            out.append(f"<p>and {len(flagged) - len(shown)} more.</p>")
+    out.append("</div>")
+    return "".join(out)

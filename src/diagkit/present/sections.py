@@ -1,0 +1,178 @@
+"""HTML fragments of a diagnosis, for the notebook and the offline report: the banner, the
+findings, the DDP advice and the checkpoint. Parameter and module names are user data, so
+every one of them is escaped; nothing emitted holds a script or refers outside the page."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import numpy as np
+import pandas as pd
+
+from ..core import severity
+from ..core.format import human_bytes
+from ..judge.verdicts import severity_of
+
+_LEFT = "text-align:left;vertical-align:top"
+
+
+def diagnosis_html(diag) -> str:
+    """The notebook summary of a `Diagnosis`: the report's banner, findings and advice."""
+    return (f"<div class='diagkit'>{verdict_banner(diag)}{findings_table(diag.findings)}"
+            f"{advice_html(diag.advice)}</div>")
+
+
+def severity_chip(level: str, inner: str) -> str:
+    bg, fg = severity.colors(level)
+    return (f'<span class="diagkit-chip {level}" style="display:inline-block;margin:2px;'
+            f'padding:2px 8px;border-radius:4px;background:{bg};color:{fg}">{inner}</span>')
+
+
+def verdict_banner(diag) -> str:
+    """How many tensors and bytes per verdict, worst first, coloured by severity; the totals;
+    and, when the user's step raised, a red line with the failed step and its error."""
+    esc = html.escape
+    params = diag.params
+    sizes = pd.to_numeric(params["bytes"], errors="coerce").fillna(0).astype(np.int64)
+    counts: dict[str, list[int]] = {}
+    for vs, size in zip(params["verdicts"], sizes):
+        for v in vs:
+            c = counts.setdefault(v, [0, 0])
+            c[0] += 1
+            c[1] += int(size)
+    order = sorted(counts, key=lambda v: (-severity.rank(severity_of(v)), -counts[v][1], v))
+    chips = "".join(
+        severity_chip(severity_of(v),
+                      f"<b>{esc(v)}</b> {n} tensor{'s' if n != 1 else ''}, {human_bytes(b)}")
+        for v in order for n, b in [counts[v]])
+    steps = (diag.meta or {}).get("steps_observed")
+    if steps is None:
+        steps = int(diag.steps["step"].nunique()) if len(diag.steps) else 0
+    total = (f"{len(params)} tensors, {human_bytes(int(sizes.sum()))}, "
+             f"{steps} step{'s' if steps != 1 else ''} observed")
+    red = severity.COLORS["error"]
+    lines = []
+    if diag.failure is not None:
+        k = int(diag.failure.step)
+        kept = (f"The {k} step{'s' if k != 1 else ''} before it are kept and shown." if k
+                else "No step completed.")
+        lines.append(f"The training step failed at step {k}: "
+                     f"{esc(str(diag.failure.error))}. {kept}")
+    lines += [esc(f.message) for f in (diag.findings or []) if f.code == "check_failed"]
+    alarms = "".join(
+        f'<p class="diagkit-failure error" style="margin:4px 0;padding:4px 8px;'
+        f'background:{red[0]};color:{red[1]};font-weight:bold">{line}</p>' for line in lines)
+    return (f'<div class="diagkit-banner banner"><div>{chips}</div>'
+            f'<p style="margin:4px 0">{total}</p>{alarms}</div>')
+
+
+_BACKTICKS = re.compile(r"`([^`]+)`")
+
+
+def _prose(text: str) -> str:
+    """Escape, then show `quoted names` as code."""
+    return _BACKTICKS.sub(r"<code>\1</code>", html.escape(str(text)))
+
+
+def findings_table(findings) -> str:
+    """One row per finding, worst first: severity, verdict, where, tensors, bytes, message and
+    the fix as code."""
+    if not findings:
+        return '<p class="diagkit-findings">No findings: every tensor is wired correctly.</p>'
+    esc = html.escape
+    ordered = sorted(enumerate(findings),
+                     key=lambda p: (-severity.rank(p[1].severity), -int(p[1].bytes or 0), p[0]))
+    rows = []
+    for _, f in ordered:
+        bg, fg = severity.colors(f.severity)
+        where = f.module or ("(whole model)" if f.count else "—")
+        rows.append(
+            f'<tr class="{esc(f.severity)}">'
+            f'<td style="background:{bg};color:{fg};font-weight:bold;{_LEFT}">'
+            f"{esc(f.severity)}</td><td style='{_LEFT}'>{esc(f.code)}</td>"
+            f"<td style='{_LEFT};min-width:12em;overflow-wrap:anywhere'>{esc(where)}</td>"
+            f"<td style='text-align:right;vertical-align:top'>{int(f.count or 0)}</td>"
+            f"<td style='text-align:right;vertical-align:top;white-space:nowrap'>"
+            f"{human_bytes(int(f.bytes or 0))}</td><td style='{_LEFT}'>{_prose(f.message)}</td>"
+            f"<td style='{_LEFT}'><code style='white-space:pre-wrap'>{esc(f.fix)}</code></td></tr>")
+    # Inline styles: the notebook's own CSS right-aligns table cells and would win over a class.
+    head = "".join(f"<th style='{_LEFT}'>{h}</th>" for h in
+                   ("severity", "verdict", "where", "tensors", "bytes", "finding", "fix"))
+    return (f'<table class="diagkit-findings"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+def _names_list(names, most: int = 8) -> str:
+    names = [str(n) for n in names]
+    shown = ", ".join(f"<code>{html.escape(n)}</code>" for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def advice_html(advice: dict) -> str:
+    """The find_unused_parameters and static_graph advice (see findings.build_advice), with its
+    evidence and recommendation."""
+    esc = html.escape
+    advice = advice or {}
+    fup = advice.get("find_unused_parameters") or {}
+    sg = advice.get("static_graph") or {}
+    if not fup and not sg:
+        return '<div class="diagkit-advice"><p>No DDP advice (nothing was observed).</p></div>'
+    parts = []
+    if fup:
+        need = bool(fup.get("value"))
+        bg, fg = severity.COLORS["warning" if need else "ok"]
+        parts.append(
+            f'<p><span style="background:{bg};color:{fg};padding:2px 6px;border-radius:4px">'
+            + ("DDP needs <b>find_unused_parameters=True</b></span> as the model is now: "
+               if need else "<b>find_unused_parameters=False</b></span> is enough: ")
+            + f"{esc(str(fup.get('evidence', '')))}.</p>")
+        if fup.get("unused"):
+            parts.append(f"<p>Never received a gradient "
+                         f"({human_bytes(int(fup.get('unused_bytes') or 0))}): "
+                         f"{_names_list(fup['unused'])}.</p>")
+        if fup.get("intermittent"):
+            parts.append(f"<p>Received gradients on some steps only: "
+                         f"{_names_list(fup['intermittent'])}.</p>")
+        if fup.get("recommendation"):
+            parts.append(f"<p><b>Recommendation:</b> {esc(str(fup['recommendation']))}.</p>")
+        if need and "after_fix" in fup:
+            parts.append(f"<p>After that fix: <code>find_unused_parameters="
+                         f"{bool(fup['after_fix'])}</code>.</p>")
+    if sg:
+        possible = bool(sg.get("value"))
+        parts.append(f"<p><b>static_graph=True {'is possible' if possible else 'is not possible'}"
+                     f"</b>: {esc(str(sg.get('evidence', '')))}.</p>")
+    return f'<div class="diagkit-advice">{"".join(parts)}</div>'
+
+
+def checkpoint_html(checkpoint: dict | None, limit: int = 30) -> str:
+    """What loading the checkpoint did, and its dead bytes (diag.checkpoint)."""
+    if not checkpoint:
+        return "<p>No checkpoint was loaded.</p>"
+    esc = html.escape
+    load = checkpoint.get("load", {})
+    parts = [f"<p>{esc(checkpoint.get('summary', ''))}.</p>"]
+    audit = checkpoint.get("audit") or {}
+    kinds = audit.get("by_kind", {})
+    if kinds:
+        rows = "".join(
+            f"<tr><td>{esc(kind)}</td><td>{v['tensors']}</td><td>{human_bytes(v['bytes'])}</td>"
+            f"<td>{v['share']:.1%}</td><td>{esc(', '.join(v['names'][:6]))}"
+            f"{' …' if len(v['names']) > 6 else ''}</td></tr>"
+            for kind, v in sorted(kinds.items(), key=lambda kv: -kv[1]["bytes"]))
+        parts.append(
+            f"<p>Of the checkpoint's {human_bytes(audit.get('checkpoint_bytes', 0))}:</p>"
+            "<table><tr><th>tensors this run</th><th>count</th><th>bytes</th><th>share</th>"
+            f"<th>e.g.</th></tr>{rows}</table>")
+    problems = ([(n, "missing from the file") for n in load.get("missing", [])]
+                + [(n, "in the file, not in the model") for n in load.get("unexpected", [])]
+                + [(m["name"], f"shape {tuple(m['file'])} in the file, {tuple(m['model'])} "
+                    "in the model") for m in load.get("mismatched", [])])
+    if problems:
+        rows = "".join(f"<tr><td>{esc(n)}</td><td>{esc(what)}</td></tr>"
+                       for n, what in problems[:limit])
+        more = f"<p>and {len(problems) - limit} more.</p>" if len(problems) > limit else ""
+        parts.append(f"<table><tr><th>tensor</th><th>not loaded because</th></tr>{rows}</table>"
+                     + more)
+    return "".join(parts)

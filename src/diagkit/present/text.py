@@ -1,0 +1,76 @@
+"""Plain text for the terminal (`diagkit check`, `diagkit compare`). Never measures."""
+
+from __future__ import annotations
+
+import textwrap
+from collections import Counter
+
+from ..core import severity
+from ..core.format import human_bytes
+
+
+def severity_summary(findings) -> str:
+    """'1 error, 2 warnings' ('' when there are none)."""
+    counts = Counter(f.severity for f in findings)
+    return ", ".join(f"{counts[s]} {s}{'s' if counts[s] != 1 else ''}"
+                     for s in severity.LEVELS if counts[s])
+
+
+def render_findings(diag, width: int = 100) -> str:
+    """The findings table of a diagnosis, each finding's message and fix, the advice."""
+    params = diag.params
+    summary = severity_summary(diag.findings)
+    lines = [f"diagkit: {len(params)} tensors ({human_bytes(int(params['bytes'].sum()))}), "
+             f"{diag.meta.get('steps_observed', 0)} steps observed — "
+             f"{summary or 'no findings: every tensor is ok'}"]
+    if diag.findings:
+        lines.append("")
+        lines.append(f"{'SEVERITY':<8}  {'VERDICT':<22}  {'WHERE':<44}  {'TENSORS':>7}  BYTES")
+    indent = " " * 10
+    for f in diag.findings:
+        where = f.module if len(f.module) <= 44 else "…" + f.module[-43:]
+        lines.append(f"{f.severity:<8}  {f.code:<22}  {where:<44}  {f.count:>7}  "
+                     f"{human_bytes(f.bytes)}")
+        lines += textwrap.wrap(f.message, width, initial_indent=indent, subsequent_indent=indent)
+        lines += textwrap.wrap("fix: " + f.fix, width, initial_indent=indent,
+                               subsequent_indent=indent + "     ", break_on_hyphens=False)
+    if diag.checkpoint:
+        lines.append("")
+        lines += textwrap.wrap(diag.checkpoint.get("summary", ""), width,
+                               subsequent_indent="        ")
+    fup = diag.advice.get("find_unused_parameters", {})
+    sg = diag.advice.get("static_graph", {})
+    lines.append("")
+    lines += textwrap.wrap(
+        f"advice: find_unused_parameters={fup.get('value')} ({fup.get('evidence', '')}); "
+        f"{fup.get('recommendation', '')}.", width, subsequent_indent="        ")
+    lines += textwrap.wrap(f"        static_graph possible: {sg.get('value')} "
+                           f"({sg.get('evidence', '')}).", width, subsequent_indent="        ")
+    return "\n".join(lines)
+
+
+def comparison_text(cmp, width: int = 100) -> str:
+    """A comparison for the terminal: a header line, then one block per finding with its fix."""
+    s = cmp.summary
+    verdict = severity_summary(cmp.findings)
+    lines = [f"diagkit compare: {s['path_a']} -> {s['path_b']}: {comparison_totals(s)} — "
+             f"{verdict or 'no findings'}"]
+    for f in cmp.findings:
+        where = f.module or ("(whole model)" if f.count else "")
+        lines += ["", f"[{f.severity}] {f.code}: {where}  ({f.count} tensor"
+                      f"{'s' if f.count != 1 else ''}, {human_bytes(f.bytes)})"]
+        lines += textwrap.wrap(f.message, width, initial_indent="  ", subsequent_indent="  ")
+        lines += textwrap.wrap(f.fix, width, initial_indent="  fix: ",
+                               subsequent_indent="       ", break_on_hyphens=False)
+    return "\n".join(lines)
+
+
+def comparison_totals(s: dict) -> str:
+    """'3 tensors in both (1.2 KiB), 2 changed, 1 unchanged, ...' from a comparison summary."""
+    parts = [f"{s['in_both']} tensors in both ({human_bytes(s['bytes_in_both'])})",
+             f"{s['changed']} changed", f"{s['unchanged']} unchanged"]
+    for key, words in (("only_in_a", "only in A"), ("only_in_b", "only in B"),
+                       ("shape_mismatch", "with another shape")):
+        if s[key]:
+            parts.append(f"{s[key]} {words}")
+    return ", ".join(parts)

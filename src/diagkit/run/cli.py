@@ -1,0 +1,269 @@
+"""The `diagkit` console script. Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad
+usage or bad input (one line on stderr, never a traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import sys
+from pathlib import Path
+
+from ..core import severity
+from ..core.errors import DiagkitError
+from ..core.format import one_line
+from ..core.options import DEFAULTS, DELTA_MODES, HELP, check_option
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse prints usage + message by default)
+        raise DiagkitError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="diagkit",
+                     description="Find mis-wired parameters in PyTorch training.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    check = sub.add_parser("check", help="diagnose a target and print its findings")
+    _target_options(check)
+    check.add_argument("--json", metavar="PATH", help="write params, findings and advice as JSON")
+    check.add_argument("--save", metavar="DIR", help="save the whole diagnosis (diagkit.load)")
+
+    report = sub.add_parser("report", help="execute the diagnosis notebook and render HTML")
+    _target_options(report)
+    report.add_argument("--out", metavar="DIR", required=True,
+                        help="folder for report.html, report.ipynb, params.csv, steps.csv, "
+                             "findings.json")
+    report.add_argument("--show-code", action="store_true", help="show the notebook's code")
+
+    compare = sub.add_parser("compare", help="what changed between two checkpoints")
+    compare.add_argument("checkpoint_a", metavar="CKPT_A", help="the earlier checkpoint")
+    compare.add_argument("checkpoint_b", metavar="CKPT_B", help="the later checkpoint")
+    compare.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
+    compare.add_argument("--out", metavar="DIR",
+                         help="also render notebooks/compare_checkpoints.ipynb to DIR/report.html")
+    compare.add_argument("--trust-checkpoint", action="store_true",
+                         help="allow files that need arbitrary unpickling (runs their code)")
+    compare.add_argument("--fail-on", choices=severity.FAIL_ON, default=DEFAULTS["fail_on"],
+                         help="exit 1 when a finding is at or above this severity")
+
+    demo = sub.add_parser("demo", help="the report on the bundled demo targets")
+    demo.add_argument("--out", metavar="DIR", default="out/demo", help="report folder")
+    demo.add_argument("--steps", type=_option("steps"), default=DEFAULTS["steps"], metavar="N",
+                      help=HELP["steps"])
+    demo.add_argument("--show-code", action="store_true", help="show the notebook's code")
+    return parser
+
+
+def _target_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", help="'package.module:function' or 'path/to/file.py:function'")
+    p.add_argument("--arg", action="append", default=[], metavar="K=V",
+                   help="keyword argument for the target function (repeatable); V is a Python "
+                        "literal or a plain string")
+    p.add_argument("--steps", type=_option("steps"), metavar="N",
+                   help=f"{HELP['steps']} (default: the target's, else {DEFAULTS['steps']})")
+    p.add_argument("--delta", choices=DELTA_MODES, default=DEFAULTS["delta"], help=HELP["delta"])
+    p.add_argument("--every", type=_option("every"), default=DEFAULTS["every"], metavar="K",
+                   help=HELP["every"])
+    p.add_argument("--checkpoint", metavar="PATH",
+                   help="load this checkpoint into the model first (weights_only=True)")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="allow a checkpoint that needs arbitrary unpickling (runs its code)")
+    p.add_argument("--nproc", type=_option("nproc"), default=DEFAULTS["nproc"], metavar="N",
+                   help="processes of a torch.distributed job launched with torchrun (gloo on "
+                        "CPU, NCCL on GPUs); 1 = this process")
+    p.add_argument("--timeout", type=_option("timeout"), default=DEFAULTS["timeout"],
+                   metavar="SECONDS",
+                   help="with --nproc > 1: end the run (and name the stuck rank) after this long")
+    p.add_argument("--fail-on", choices=severity.FAIL_ON, default=DEFAULTS["fail_on"],
+                   help="exit 1 when a finding is at or above this severity (default: error)")
+
+
+def _option(name: str):
+    """An argparse type for option `name`: an int that passes the option's check."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}"
+                                             ) from None
+        return check_option(name, value, "the value", error=argparse.ArgumentTypeError)
+    parse.__name__ = name  # argparse names the type in its message
+    return parse
+
+
+def parse_target_args(pairs: list[str]) -> dict:
+    """`k=v` pairs; v is a Python literal when it parses as one, else the plain string."""
+    kwargs = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise DiagkitError(f"--arg {pair!r} is not of the form NAME=VALUE")
+        try:
+            kwargs[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            kwargs[key] = raw
+    return kwargs
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return _run(argv)
+    except DiagkitError as exc:
+        print(f"diagkit: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("diagkit: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a diagkit bug: still one line, the traceback on request
+        if os.environ.get("DIAGKIT_DEBUG"):
+            raise
+        print(f"diagkit: internal error: {type(exc).__name__}: {_one_line(exc)} "
+              "(set DIAGKIT_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _one_line(exc: Exception) -> str:
+    return one_line(exc)
+
+
+def _run(argv) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from ..core.version import VERSION
+        print(VERSION)
+        return EXIT_OK
+    if args.command is None:
+        raise DiagkitError("missing command: use 'diagkit check TARGET' or 'diagkit demo' "
+                           "(see 'diagkit --help')")
+    if args.command == "check":
+        return _check(args)
+    if args.command == "report":
+        return _report(args)
+    if args.command == "compare":
+        return _compare(args)
+    return _demo(args)
+
+
+def _diagnose_target(args):
+    """Run a target: validate everything first (before a possibly long run), then diagnose."""
+    for option in ("json", "save"):
+        _check_writable(getattr(args, option, None), f"--{option}")
+    kwargs = parse_target_args(args.arg)
+    _precheck_target(args.target, kwargs, args.checkpoint)
+    from .api import run_target
+    return run_target(args.target, kwargs, steps=args.steps, checkpoint=args.checkpoint,
+                      trust_checkpoint=args.trust_checkpoint, nproc=args.nproc,
+                      timeout=args.timeout, delta=args.delta, every=args.every)
+
+
+def _check_writable(path: str | None, option: str) -> None:
+    """Fail before the (possibly long) run, not after it, when an output cannot be written."""
+    if path is None:
+        return
+    target = Path(path)
+    if option == "--out":  # a report folder is created with its parents
+        if target.exists() and not target.is_dir():
+            raise DiagkitError(f"{option} {path} exists and is not a folder")
+        blocker = next((p for p in target.resolve().parents if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise DiagkitError(f"{option} {path}: {blocker} is not a folder")
+        return
+    parent = target.resolve().parent
+    if not parent.is_dir():
+        raise DiagkitError(f"{option} {path}: folder {parent} does not exist")
+    if option == "--json" and target.is_dir():
+        raise DiagkitError(f"{option} {path} is a folder; give a file name")
+    if option == "--save":  # save replaces the folder: only one diagkit wrote, or an empty one
+        from ..core.files import check_replaceable_dir
+        check_replaceable_dir(target, marker="run.json")
+
+
+def _check(args) -> int:
+    diag = _diagnose_target(args)
+    from ..present.text import render_findings
+    print(render_findings(diag))
+    if args.json:
+        from ..core.files import write_json_atomic
+        write_json_atomic(args.json, diag.to_json_dict())
+    if args.save:
+        diag.save(args.save)
+    return EXIT_FINDINGS if diag.fails(args.fail_on) else EXIT_OK
+
+
+def _report(args) -> int:
+    _check_writable(args.out, "--out")
+    kwargs = parse_target_args(args.arg)
+    _precheck_target(args.target, kwargs, args.checkpoint)
+    params = {"target": args.target, "target_args": kwargs, "checkpoint": args.checkpoint or "",
+              "trust_checkpoint": args.trust_checkpoint, "steps": args.steps or DEFAULTS["steps"],
+              "nproc": args.nproc, "timeout": args.timeout, "delta": args.delta,
+              "every": args.every}
+    from .report import write_report
+    result = write_report(args.out, {args.target: params}, show_code=args.show_code,
+                          title=f"diagkit report: {args.target}")
+    return _report_exit(result, args.fail_on)
+
+
+def _compare(args) -> int:
+    _check_writable(args.json, "--json")
+    if args.out:
+        _check_writable(args.out, "--out")
+    from . import compare
+    result = compare.compare_checkpoints(args.checkpoint_a, args.checkpoint_b,
+                                         trust=args.trust_checkpoint)
+    from ..present.text import comparison_text
+    print(comparison_text(result))
+    if args.json:
+        from ..core.files import write_json_atomic
+        write_json_atomic(args.json, result.to_json_dict())
+    if args.out:
+        from .report import write_report
+        params = {"checkpoint_a": args.checkpoint_a, "checkpoint_b": args.checkpoint_b,
+                  "trust_checkpoint": args.trust_checkpoint}
+        report = write_report(args.out, {f"{args.checkpoint_a} vs {args.checkpoint_b}": params},
+                              title="diagkit: what changed between two checkpoints",
+                              notebook="compare_checkpoints.ipynb", check=compare.validate)
+        if report.error:
+            return _report_exit(report, "never")
+        print(f"diagkit: report written to {report.html.resolve()}")
+    return EXIT_FINDINGS if result.fails(args.fail_on) else EXIT_OK
+
+
+def _demo(args) -> int:
+    _check_writable(args.out, "--out")
+    from ..demos import DEMOS
+    from .report import write_report
+    sections = {f"diagkit.demos:{name}": {"target": f"diagkit.demos:{name}",
+                                          "steps": args.steps} for name in DEMOS}
+    result = write_report(args.out, sections, show_code=args.show_code,
+                          title="diagkit demo report")
+    return _report_exit(result, "never")
+
+
+def _report_exit(result, fail_on: str) -> int:
+    if result.error:
+        print(f"diagkit: error: report incomplete ({result.error}); what ran is in "
+              f"{result.html.resolve()}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"diagkit: report written to {result.html.resolve()}")
+    if severity.fails(result.worst, fail_on):
+        return EXIT_FINDINGS
+    return EXIT_OK
+
+
+def _precheck_target(spec: str, kwargs: dict, checkpoint: str | None) -> None:
+    """Fail in one line before a kernel starts: the target must import and accept its args."""
+    from .target import check_kwargs, resolve_target
+    check_kwargs(resolve_target(spec), spec, kwargs)
+    if checkpoint and not Path(checkpoint).is_file():
+        raise DiagkitError(f"no such checkpoint file: {checkpoint}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The notebooks' side of the contract: each notebook's `parameters` cell *is* its contract.
+
+A parameters cell holds one typed, commented literal per line (`steps: int = 5  # ...`;
+`str | None` where None is accepted too). `parameters()` reads it, so names, types, defaults
+and help have one home, the notebook; `validate` checks values against it, and options that
+the library knows (`steps`, `delta`, ...) get the library's own check
+(`diagkit.core.options`). Papermill only warns about a parameter a notebook does not declare,
+so `check_parameters` turns that into an error naming the known ones.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import io
+import os
+import tokenize
+from pathlib import Path
+
+import nbformat
+
+from ..core.errors import DiagkitError
+from ..core.options import CHECKS, check_option
+
+REPO = Path(__file__).resolve().parents[3]
+DIAGNOSE = "diagnose.ipynb"
+COMPARE = "compare_checkpoints.ipynb"
+_INJECTED_HEADER = "# Parameters"  # papermill's injected cell starts with this comment
+_TYPES = {"str": str, "int": int, "bool": bool, "dict": dict, "float": float, "list": list,
+          "None": type(None)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Parameter:
+    name: str
+    types: tuple[type, ...]
+    default: object
+    help: str
+
+
+def notebook_path(name: str = DIAGNOSE) -> Path:
+    """The workbook shipped in the repository's notebooks/ folder (or $DIAGKIT_NOTEBOOKS)."""
+    folder = Path(os.environ.get("DIAGKIT_NOTEBOOKS") or REPO / "notebooks")
+    path = folder / name
+    if not path.is_file():
+        raise DiagkitError(f"notebook {path} not found: install diagkit from its repository "
+                           "(pip install -e .) or set DIAGKIT_NOTEBOOKS to its notebooks folder")
+    return path
+
+
+def parameters(notebook: str = DIAGNOSE) -> dict[str, Parameter]:
+    """The parameters a notebook declares, in its order."""
+    path = notebook_path(notebook)
+    return _parse(str(path), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _parse(path: str, _mtime: int) -> dict[str, Parameter]:
+    nb = nbformat.read(path, as_version=4)
+    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    if len(cells) != 1:
+        raise DiagkitError(f"{path} must have exactly one cell tagged 'parameters'")
+    source = cells[0].source
+    comments = {tok.start[0]: tok.string.lstrip("# ").strip()
+                for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                if tok.type == tokenize.COMMENT}
+    out = {}
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
+            raise DiagkitError(f"{path}: the parameters cell holds only `name: type = literal`")
+        name = node.target.id
+        out[name] = Parameter(name, _annotation_types(node.annotation),
+                              ast.literal_eval(node.value), comments.get(node.lineno, ""))
+    return out
+
+
+def _annotation_types(node: ast.expr) -> tuple[type, ...]:
+    """`int` -> (int,); `str | None` -> (str, NoneType)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _annotation_types(node.left) + _annotation_types(node.right)
+    if isinstance(node, ast.Constant) and node.value is None:
+        return (type(None),)
+    key = node.id if isinstance(node, ast.Name) else None
+    if key not in _TYPES:
+        raise DiagkitError(f"unsupported parameter annotation {ast.unparse(node)!r}")
+    return (_TYPES[str(key)],)
+
+
+def validate(values: dict, notebook: str = DIAGNOSE) -> dict:
+    """Check names and types against a notebook's parameters; return all of them, defaults
+    filled in (what `diagkit report` checks before it starts a kernel)."""
+    declared = parameters(notebook)
+    _refuse_unknown(values, declared)
+    out = {}
+    for name, p in declared.items():
+        value = values.get(name, p.default)
+        if (isinstance(value, bool) and bool not in p.types) or not isinstance(value, p.types):
+            expected = " or ".join("None" if t is type(None) else t.__name__ for t in p.types)
+            raise DiagkitError(f"notebook parameter {name!r} must be {expected}, "
+                               f"got {type(value).__name__} {value!r}")
+        if name in CHECKS:
+            check_option(name, value, f"notebook parameter {name!r}")
+        out[name] = value
+    return out
+
+
+def check_parameters(namespace: dict, notebook: str = DIAGNOSE) -> dict:
+    """Called by a notebook right after its parameters: reject names papermill injected but
+    the notebook does not declare, and wrong values, before any work starts."""
+    declared = parameters(notebook)
+    injected: dict = {}
+    for source in namespace.get("In", []) or []:
+        if isinstance(source, str) and source.startswith(_INJECTED_HEADER):
+            injected.update(_assigned_names(source))
+    _refuse_unknown(injected, declared)
+    return validate({name: namespace[name] for name in declared if name in namespace},
+                    notebook)
+
+
+def _refuse_unknown(values: dict, declared: dict) -> None:
+    unknown = sorted(set(values) - set(declared))
+    if unknown:
+        raise DiagkitError(f"unknown notebook parameter(s) {', '.join(map(repr, unknown))}; "
+                           f"known: {', '.join(declared)}")
+
+
+def _assigned_names(source: str) -> dict:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    return {t.id: None for node in tree.body if isinstance(node, ast.Assign)
+            for t in node.targets if isinstance(t, ast.Name)}

@@ -1,0 +1,212 @@
+"""Run a diagnosis under real torch.distributed: torchrun launches N ranks of `diagkit.run.worker`.
+
+gloo on CPU, NCCL on GPUs, a free port chosen by torchrun's standalone rendezvous. Each rank
+writes its observations to a run folder as it goes; this side waits with a deadline, then
+assembles them into one `Diagnosis` whose steps table has a `rank` column. A rank that raises,
+hangs or dies ends the run within the deadline with an error naming the rank, the steps before
+it are kept, and the whole process group is killed: no process outlives the call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from ..core.errors import DiagkitError
+from ..core.options import DEFAULTS
+from ..core.result import Diagnosis, LoadReport, StepFailure
+from ..core.schema import STEPS_COLUMNS
+from .pipeline import Observation, judge_observation
+
+
+def diagnose_distributed(target: str, target_args: dict | None = None, *, nproc: int = 2,
+                         steps: int | None = None, checkpoint: str | None = None,
+                         trust_checkpoint: bool = False,
+                         timeout: float = DEFAULTS["timeout"], measure_cost: bool = True,
+                         delta: str = DEFAULTS["delta"], every: int = DEFAULTS["every"]
+                         ) -> Diagnosis:
+    """Diagnose `target` in `nproc` processes of one torch.distributed job (`timeout`: seconds
+    for the whole run, setup included)."""
+    if nproc < 2:
+        raise DiagkitError(f"nproc must be >= 2 for a distributed run, got {nproc}")
+    with tempfile.TemporaryDirectory(prefix="diagkit-ddp-") as tmp:
+        run_dir = Path(tmp)
+        spec = {"run_dir": str(run_dir), "target": target, "target_args": target_args or {},
+                "delta": delta, "every": every, "steps": steps or DEFAULTS["steps"],
+                "checkpoint": checkpoint, "trust": trust_checkpoint,
+                # collectives wait longer than our deadline, so the deadline names the stuck rank
+                "collective_timeout": timeout + 60.0, "measure_cost": measure_cost}
+        (run_dir / "spec.json").write_text(json.dumps(spec))
+        returncode, timed_out, log = _launch(run_dir, nproc, timeout)
+        ranks = _rank_states(run_dir, nproc)
+        rows = _load(run_dir / "rows.pkl")
+        steps_table = _steps(run_dir, nproc)
+        meta, cost, loaded = (_json(run_dir / name) for name in
+                              ("meta.json", "cost.json", "checkpoint.json"))
+    failure = _failure(ranks, nproc, returncode, timed_out, timeout, steps_table, log)
+    if rows is None:
+        raise DiagkitError(failure.error if failure else "the distributed run produced nothing")
+    meta = {**(meta or {}), "nproc": nproc, "ranks": ranks}
+    return judge_observation(Observation(rows, steps_table, failure, meta),
+                             checkpoint=LoadReport(**loaded["load"]) if loaded else None,
+                             ddp=meta.get("ddp", {}), cost=cost)
+
+
+def _json(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _launch(run_dir: Path, nproc: int, timeout: float) -> tuple[int | None, bool, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env.setdefault("TORCH_DISTRIBUTED_DEBUG", "INFO")  # DDP names unused tensors (DETAIL crashes)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=0.5",
+           "-m", "diagkit.run.worker", str(run_dir / "spec.json")]
+    log_path = run_dir / "torchrun.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # its own group: killed as a whole
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            _stop(proc, run_dir)
+    return proc.returncode, timed_out, log_path.read_text(errors="replace")
+
+
+def _stop(proc: subprocess.Popen, run_dir: Path) -> None:
+    """End torchrun and every rank. torchrun starts its ranks in sessions of their own, so
+    killing its group is not enough: ranks are found by the run folder in their command line."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # torchrun stops its ranks on SIGTERM
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    for pid in [proc.pid, *_ranks_of(run_dir)]:
+        try:
+            os.killpg(pid, signal.SIGKILL) if pid == proc.pid else os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
+
+
+def _ranks_of(run_dir: Path) -> list[int]:
+    marker = str(run_dir / "spec.json").encode()
+    pids = []
+    if not Path("/proc").is_dir():  # not Linux: torchrun's own SIGTERM handling has to do
+        return pids
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def _load(path: Path):
+    return pickle.loads(path.read_bytes()) if path.is_file() else None
+
+
+def _rank_states(run_dir: Path, nproc: int) -> dict[int, dict]:
+    states = {}
+    for rank in range(nproc):
+        status = run_dir / f"rank{rank}.status.json"
+        progress = run_dir / f"rank{rank}.progress.json"
+        states[rank] = {
+            **(json.loads(status.read_text()) if status.is_file() else {"state": "unfinished"}),
+            "progress": json.loads(progress.read_text()) if progress.is_file() else None}
+    return states
+
+
+def _steps(run_dir: Path, nproc: int) -> pd.DataFrame:
+    """Steps completed by every rank (a step one rank never finished can't be compared)."""
+    per_rank = {r: sorted(run_dir.glob(f"rank{r}.step*.pkl")) for r in range(nproc)}
+    common = min((len(files) for files in per_rank.values()), default=0)
+    tables = [pickle.loads(f.read_bytes()) for r in range(nproc) for f in per_rank[r][:common]]
+    if not tables:
+        return pd.DataFrame(columns=["rank", *STEPS_COLUMNS, "checksum"])
+    return pd.concat(tables, ignore_index=True).sort_values(["step", "rank"], kind="stable",
+                                                           ignore_index=True)
+
+
+def _failure(ranks, nproc, returncode, timed_out, timeout, steps_table, log) -> StepFailure | None:
+    """One failure for the run, naming the rank(s) and where they were."""
+    done = len(steps_table["step"].unique()) if len(steps_table) else 0
+    errors = {r: s for r, s in ranks.items() if s.get("state") == "error"}
+    step_failures = {r: s["failure"] for r, s in ranks.items()
+                     if s.get("state") == "done" and s.get("failure")}
+    if errors:
+        r, s = min(errors.items())
+        return StepFailure(done, f"rank {r} failed: {s['error']}", s.get("traceback", ""))
+    unfinished = [r for r, s in ranks.items() if s.get("state") != "done"]
+    own_failures = {r: f for r, f in step_failures.items() if not _collateral(f["error"])}
+    if unfinished and not timed_out and not own_failures:
+        # A rank vanished (killed, os._exit, out of memory); the others only lost their peer.
+        where = "; ".join(f"rank {r} {_where(ranks[r])}" for r in unfinished)
+        step = min((f["step"] for f in step_failures.values()), default=done)
+        return StepFailure(step, f"rank {', '.join(map(str, unfinished))} died "
+                                 f"(torchrun exit {returncode}): {where}", log[-4000:])
+    if step_failures:
+        # The rank that failed first, and for its own reason: the others then only lose a peer.
+        r, f = min(step_failures.items(),
+                   key=lambda item: (item[1]["step"], _collateral(item[1]["error"]), item[0]))
+        others = sorted(set(step_failures) - {r})
+        also = f" (also on rank {', '.join(map(str, others))})" if others else ""
+        return StepFailure(f["step"], f"rank {r}: {f['error']}{also}", f.get("traceback", ""))
+    if timed_out:
+        where = "; ".join(f"rank {r} {_where(ranks[r])}" for r in unfinished) or "all ranks done"
+        stuck = _stuck(ranks, unfinished)
+        return StepFailure(done, f"timed out after {timeout:.0f} s: {where}"
+                           + (f"; rank {stuck} is the one that stopped" if stuck is not None
+                              else ""), log[-4000:])
+    if unfinished or returncode not in (0, None):
+        where = "; ".join(f"rank {r} {_where(ranks[r])}" for r in unfinished)
+        return StepFailure(done, f"a rank died (torchrun exit {returncode}): {where}",
+                           log[-4000:])
+    return None
+
+
+_COLLATERAL = ("Connection closed by peer", "Connection reset", "Broken pipe", "NCCL error",
+               "Gloo", "gloo", "timed out", "Timed out")
+
+
+def _collateral(error: str) -> bool:
+    """An error a rank gets because another rank went away, not a cause of its own."""
+    return any(marker in error for marker in _COLLATERAL)
+
+
+def _where(state: dict) -> str:
+    p = state.get("progress")
+    if not p:
+        return "never started"
+    if p["event"] == "setup":
+        return "stopped while building the target"
+    phase = {"begin": "before its backward", "backward": "in its backward",
+             "end": "after finishing"}[p["event"]]
+    return f"stopped in step {p['step']}, {phase}"
+
+
+def _stuck(ranks: dict, unfinished: list[int]) -> int | None:
+    """The rank that is behind: the others wait for it in a collective."""
+    order = {"setup": 0, "begin": 1, "backward": 2, "end": 3}
+    position = {r: ((ranks[r]["progress"] or {}).get("step", -2),
+                    order.get((ranks[r]["progress"] or {}).get("event"), -1))
+                for r in unfinished}
+    if len(position) < 2:
+        return unfinished[0] if unfinished else None
+    lowest = min(position.values())
+    behind = [r for r, p in position.items() if p == lowest]
+    return behind[0] if len(behind) == 1 else None

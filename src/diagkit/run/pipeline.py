@@ -1,0 +1,94 @@
+"""The one orchestrator: observe a setup's steps, then judge what was observed into one
+complete `Diagnosis`. Every entry point (`diagnose`, `run_target`, the distributed launcher)
+ends here, so a result is built once, with its findings, advice and checkpoint report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pandas as pd
+import torch
+
+from ..core.errors import DiagkitError
+from ..core.options import DEFAULTS, check_run_options
+from ..core.result import Diagnosis, LoadReport, StepFailure
+from ..judge.advice import build_advice
+from ..judge.checkpoint_audit import audit, audit_finding, load_findings
+from ..judge.findings import build_findings
+from ..judge.verdicts import judge
+from ..measure.aggregate import build_params
+from ..measure.inventory import take_inventory
+from ..measure.observer import Observer
+from ..measure.restore import SavedState
+from .loop import loop_facts, run_steps, step_function
+from .target import Setup
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """What one process measured: the static rows, the steps table, a failure, run facts."""
+
+    rows: list[dict]
+    steps: pd.DataFrame
+    failure: StepFailure | None
+    meta: dict
+
+
+def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
+            checksums: bool = False, on_progress=None, delta: str = DEFAULTS["delta"],
+            every: int = DEFAULTS["every"], sample: int = DEFAULTS["sample"]) -> Observation:
+    """Measure only: run the steps under observation and return the tables (no judging)."""
+    n_steps = steps if steps is not None else (setup.steps or DEFAULTS["steps"])
+    check_run_options(steps=n_steps, delta=delta, every=every, sample=sample)
+    inventory = take_inventory(setup.model, setup.optimizers)
+    if not inventory.tensors:
+        raise DiagkitError("the model has no parameters and the optimizers hold none: "
+                           "nothing to diagnose")
+    observer = Observer(inventory, setup.optimizers, delta=delta, sample=sample,
+                        checksums=checksums, on_progress=on_progress, loop=loop_facts(setup))
+    saved = (SavedState(setup.model, inventory.tensors, setup.optimizers, setup.lr_scheduler)
+             if restore else None)
+    started = time.perf_counter()
+    try:
+        with observer:
+            failure = run_steps(observer, step_function(setup), n_steps, every=every)
+    finally:
+        if saved is not None:
+            saved.restore()
+    meta = {
+        "steps_requested": n_steps,
+        "loop": "train_step" if setup.train_step is not None else "standard",
+        "losses": observer.losses,
+        "seconds": round(time.perf_counter() - started, 4),
+        "torch": torch.__version__,
+        "restored": restore,
+        "delta": delta,
+        "every": every,
+        **({"sample": sample} if delta != "exact" else {}),
+    }
+    return Observation(inventory.rows, observer.steps_table(), failure, meta)
+
+
+def judge_observation(obs: Observation, *, checkpoint: LoadReport | None = None,
+                      ddp: dict | None = None, cost: dict | None = None) -> Diagnosis:
+    """Judge what was observed (by one process, or gathered from every rank) into the result.
+
+    `checkpoint`: what loading a checkpoint first did (its findings and dead bytes join the
+    result); `ddp`, `cost`: what a distributed run learnt about DDP (see `build_advice`).
+    """
+    params = build_params(obs.rows, obs.steps)
+    params["verdicts"], check_errors = judge(params, obs.steps)
+    report, extra = None, []
+    if checkpoint is not None:
+        result = audit(params, checkpoint)
+        report = {"load": checkpoint.to_dict(), "audit": result, "summary": checkpoint.summary()}
+        extra = load_findings(checkpoint) + [f for f in [audit_finding(result, checkpoint.path)]
+                                             if f]
+    observed = int(obs.steps["step"].nunique()) if len(obs.steps) else 0
+    return Diagnosis(
+        params=params, steps=obs.steps,
+        findings=build_findings(params, obs.steps, check_errors, obs.failure, extra),
+        advice=build_advice(params, obs.steps, ddp=ddp, cost=cost), failure=obs.failure,
+        meta={**obs.meta, "steps_observed": observed}, checkpoint=report)

@@ -1,0 +1,160 @@
+"""`diagkit report` and `diagkit demo`: execute the workbook with papermill, render offline HTML.
+
+The report is the notebook itself, executed headless (`notebooks/diagnose.ipynb`, the same one a
+user opens in JupyterLab), rendered with a template that loads nothing from the network. All
+files are first written to a scratch folder beside the output folder, then moved in, the HTML
+last: a reader never sees a half-written report that looks complete. If a cell fails or the
+kernel dies, the HTML is still written, showing what ran and the error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from ..core import severity
+from ..core.errors import DiagkitError
+from ..core.format import one_line
+from .contract import DIAGNOSE, notebook_path
+from .notebook import validate
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+
+
+@dataclasses.dataclass
+class ReportResult:
+    html: Path
+    error: str | None  # one line: which cell failed and why, or None
+    worst: str | None  # highest finding severity, when the notebook got that far
+
+
+def write_report(out, sections: dict[str, dict], show_code: bool = False,
+                 title: str = "diagkit report", notebook: str = DIAGNOSE,
+                 check=validate) -> ReportResult:
+    """Execute the workbook once per section (name -> notebook parameters) into one report.
+
+    One section writes its data files at the top of `out`; several write them in a subfolder
+    per section, and the report shows the sections one after another.
+    """
+    import nbformat
+
+    checked = {name: check(params) for name, params in sections.items()}
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DiagkitError(f"{out} exists and is not a folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        notebooks, errors, worst = [], [], []
+        for name, params in checked.items():
+            data_dir = scratch if len(checked) == 1 else scratch / _slug(name)
+            nb, error = _execute(params, data_dir, scratch / f".{_slug(name)}.ipynb", notebook,
+                                 name)
+            notebooks.append((name, nb))
+            if error:
+                errors.append(f"{name}: {error}" if len(checked) > 1 else error)
+            worst.append(_worst(data_dir))
+        merged = _merge(notebooks, title) if len(notebooks) > 1 else notebooks[0][1]
+        merged.metadata["title"] = title
+        nbformat.write(merged, scratch / "report.ipynb")
+        (scratch / "report.html").write_text(_to_html(merged, show_code), encoding="utf-8")
+        for leftover in scratch.glob(".*.ipynb"):
+            leftover.unlink()
+        _move_into(scratch, out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return ReportResult(html=out / "report.html", error="; ".join(errors) or None,
+                        worst=severity.worst(w for w in worst if w))
+
+
+def _execute(params: dict, data_dir: Path, output: Path, notebook: str, label: str):
+    """Run a notebook with papermill; return the executed notebook and the failure, if any."""
+    import nbformat
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    parameters = {**params, "out_dir": str(data_dir)}
+    if "interactive" in params:
+        parameters["interactive"] = False  # widgets need a live kernel
+    error = None
+    try:
+        papermill.execute_notebook(
+            str(notebook_path(notebook)), str(output), parameters=parameters,
+            kernel_name="python3", progress_bar={"file": sys.stderr, "desc": f"diagkit {label}"},
+            cwd=os.getcwd(), request_save_on_cell_execute=False,
+            extra_arguments=["--IPKernelApp.log_level=ERROR"])  # no kernel chatter on stderr
+    except PapermillExecutionError as exc:
+        error = f"cell {exc.exec_count} failed: {exc.ename}: {_one_line(exc.evalue)}"
+    except Exception as exc:  # the kernel died or could not start: still render what ran
+        error = f"the notebook did not finish: {type(exc).__name__}: {_one_line(str(exc))}"
+    if output.is_file():
+        nb = nbformat.read(output, as_version=4)
+    else:
+        nb = nbformat.read(notebook_path(notebook), as_version=4)
+    if error:
+        nb.cells.insert(0, nbformat.v4.new_markdown_cell(
+            f"**This report is incomplete.** {_md_escape(error)}"))
+    return nb, error
+
+
+def _to_html(nb, show_code: bool) -> str:
+    from nbconvert import HTMLExporter
+    exporter = HTMLExporter(template_name="diagkit", extra_template_basedirs=[str(TEMPLATES)],
+                            exclude_input=not show_code, exclude_input_prompt=not show_code,
+                            exclude_output_prompt=True, embed_images=True)
+    body, _ = exporter.from_notebook_node(nb)
+    return body
+
+
+def _merge(notebooks, title: str):
+    import nbformat
+    merged = nbformat.v4.new_notebook(metadata=notebooks[0][1].metadata)
+    merged.cells.append(nbformat.v4.new_markdown_cell(
+        f"# {_md_escape(title)}\n\n" + "\n".join(f"- {_md_escape(name)}" for name, _ in notebooks)))
+    for part, (name, nb) in enumerate(notebooks):
+        merged.cells.append(nbformat.v4.new_markdown_cell(f"# {_md_escape(name)}"))
+        for cell in nb.cells:
+            if cell.cell_type == "markdown" and cell.source.startswith("# diagkit:"):
+                continue
+            if "id" in cell:  # the same notebook ran once per target: keep cell ids unique
+                cell["id"] = f"t{part}-{cell['id']}"[:64]
+            merged.cells.append(cell)
+    return merged
+
+
+def _move_into(scratch: Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    entries = sorted(scratch.iterdir(), key=lambda p: p.name == "report.html")  # HTML last
+    for entry in entries:
+        target = out / entry.name
+        if entry.is_dir():
+            if target.exists():
+                shutil.rmtree(target)
+        os.replace(entry, target)
+
+
+def _worst(data_dir: Path) -> str | None:
+    findings = data_dir / "findings.json"
+    if not findings.is_file():
+        return None
+    return json.loads(findings.read_text()).get("worst")
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name.split(":")[-1])
+
+
+def _one_line(text: str) -> str:
+    return one_line(text)[:300]
+
+
+def _md_escape(text: str) -> str:
+    """Markdown cells render HTML: names in them are user data."""
+    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("`", "\\`"))

@@ -1,0 +1,189 @@
+"""What to diagnose: a `Setup`, and `load_target` that builds one from "module:function".
+
+Everything a user hands us is checked here, up front, so that a wrong type or a typo in a key
+fails with a sentence naming it instead of a traceback from inside the training step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.errors import TargetError
+from ..core.options import positive_int
+
+_KEYS = ("model", "optimizer", "optimizers", "batch_fn", "loss_fn", "train_step", "steps",
+         "zero_grad_set_to_none", "lr_scheduler")
+
+
+@dataclasses.dataclass
+class Setup:
+    """A training setup to diagnose: a model, its optimizers, and one way to run a step.
+
+    Give either `batch_fn` + `loss_fn` (diagkit runs the standard loop, `diagkit.run.loop`) or
+    `train_step(step_index)` (your own loop, observed unchanged).
+    """
+
+    model: torch.nn.Module
+    optimizers: list = dataclasses.field(default_factory=list)
+    optimizer: dataclasses.InitVar[Any] = None  # alias: one optimizer (or a list)
+    batch_fn: Callable[[], Any] | None = None
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None
+    train_step: Callable[[int], Any] | None = None
+    steps: int | None = None
+    zero_grad_set_to_none: bool = True
+    lr_scheduler: Any = None
+
+    def __post_init__(self, optimizer=None):
+        if optimizer is not None:
+            if self.optimizers:
+                raise TargetError("give 'optimizer' or 'optimizers', not both")
+            self.optimizers = optimizer
+        self.optimizers = _as_optimizer_list(self.optimizers)
+        self.validate()
+
+    def validate(self) -> None:
+        if not isinstance(self.model, torch.nn.Module):
+            raise TargetError(f"'model' must be a torch.nn.Module, got {_tname(self.model)}")
+        has_loop = self.batch_fn is not None or self.loss_fn is not None
+        if self.train_step is not None and has_loop:
+            raise TargetError("give either 'train_step' or 'batch_fn' + 'loss_fn', not both")
+        if self.train_step is None:
+            if self.batch_fn is None or self.loss_fn is None:
+                missing = [k for k in ("batch_fn", "loss_fn") if getattr(self, k) is None]
+                raise TargetError(
+                    f"missing {' and '.join(repr(k) for k in missing)}: give 'batch_fn' + "
+                    "'loss_fn' (standard loop) or 'train_step' (your own loop)")
+        for key in ("batch_fn", "loss_fn", "train_step"):
+            value = getattr(self, key)
+            if value is not None and not callable(value):
+                raise TargetError(f"'{key}' must be callable, got {_tname(value)}")
+        if self.steps is not None:
+            positive_int(self.steps, "'steps'", error=TargetError)
+        if not isinstance(self.zero_grad_set_to_none, bool):
+            raise TargetError("'zero_grad_set_to_none' must be True or False, "
+                              f"got {self.zero_grad_set_to_none!r}")
+        if self.lr_scheduler is not None and not callable(getattr(self.lr_scheduler, "step", None)):
+            raise TargetError(f"'lr_scheduler' must have a .step() method, "
+                              f"got {_tname(self.lr_scheduler)}")
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any], origin: str = "the target") -> "Setup":
+        """Build from the mapping a target function returns, naming any bad key."""
+        if isinstance(mapping, Setup):
+            return mapping
+        if not isinstance(mapping, Mapping):
+            raise TargetError(f"{origin} must return a mapping or a diagkit.Setup, "
+                              f"got {_tname(mapping)}")
+        unknown = [k for k in mapping if k not in _KEYS]
+        if unknown:
+            raise TargetError(f"{origin} returned unknown key(s) {', '.join(map(repr, unknown))}; "
+                              f"expected some of: {', '.join(_KEYS)}")
+        if "model" not in mapping:
+            raise TargetError(f"{origin} returned no 'model'")
+        if "optimizer" in mapping and "optimizers" in mapping:
+            raise TargetError(f"{origin} returned both 'optimizer' and 'optimizers': give one")
+        if "optimizer" not in mapping and "optimizers" not in mapping:
+            raise TargetError(f"{origin} returned no 'optimizer' (or 'optimizers')")
+        kwargs = dict(mapping)
+        kwargs["optimizers"] = (kwargs.pop("optimizer") if "optimizer" in kwargs
+                                else kwargs.pop("optimizers"))
+        return cls(**kwargs)
+
+
+def _as_optimizer_list(value) -> list:
+    if value is None:
+        raise TargetError("no optimizer given: pass one torch.optim.Optimizer or a list of them")
+    items = [value] if isinstance(value, torch.optim.Optimizer) else value
+    if not isinstance(items, Sequence) or isinstance(items, (str, bytes)):
+        raise TargetError(f"'optimizer' must be a torch.optim.Optimizer or a list of them, "
+                          f"got {_tname(value)}")
+    items = list(items)
+    for i, opt in enumerate(items):
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TargetError(f"optimizer {i} must be a torch.optim.Optimizer, got {_tname(opt)}")
+    if not items:
+        raise TargetError("the list of optimizers is empty")
+    return items
+
+
+def _tname(value) -> str:
+    return type(value).__name__
+
+
+def load_target(spec: str, **kwargs) -> Setup:
+    """Import `"package.module:function"` or `"path/to/file.py:function"` and call it."""
+    fn = resolve_target(spec)
+    check_kwargs(fn, spec, kwargs)
+    try:
+        result = fn(**kwargs)
+    except TargetError:
+        raise
+    except Exception as exc:  # the user's builder failed: say so in one line, keep the cause
+        raise TargetError(f"target {spec!r} raised while building the setup: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    return Setup.from_mapping(result, origin=f"target {spec!r}")
+
+
+def resolve_target(spec: str) -> Callable:
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise TargetError(f"target {spec!r} is not of the form 'package.module:function' "
+                          "or 'path/to/file.py:function'")
+    where, name = spec.split(":")
+    module = _import_file(where) if where.endswith(".py") else _import_module(where)
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise TargetError(f"target {spec!r}: {where} has no function {name!r}")
+    if not callable(fn):
+        raise TargetError(f"target {spec!r}: {name!r} is a {_tname(fn)}, not a function")
+    return fn
+
+
+def _import_module(dotted: str):
+    try:
+        return importlib.import_module(dotted)
+    except ModuleNotFoundError as exc:
+        if exc.name and (dotted == exc.name or dotted.startswith(exc.name + ".")):
+            raise TargetError(f"no module named {dotted!r} (is it installed, "
+                              "or on PYTHONPATH?)") from None
+        raise TargetError(f"importing {dotted!r} failed: {exc}") from exc
+    except Exception as exc:  # user code raised while importing: name it, one line
+        raise TargetError(f"importing {dotted!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _import_file(path: str):
+    file = Path(path)
+    if not file.is_file():
+        raise TargetError(f"no such file: {path}")
+    mod_name = f"diagkit_target_{abs(hash(str(file.resolve())))}"
+    spec = importlib.util.spec_from_file_location(mod_name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(mod_name, None)
+        raise TargetError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def check_kwargs(fn: Callable, spec: str, kwargs: dict) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(**kwargs)
+    except TypeError as exc:
+        params = [p for p in sig.parameters.values()
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        accepted = ", ".join(p.name for p in params) or "no arguments"
+        raise TargetError(f"target {spec!r}: {exc}; it accepts: {accepted}") from None

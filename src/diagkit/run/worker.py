@@ -1,0 +1,158 @@
+"""One rank of a distributed diagnosis (`python -m diagkit.run.worker SPEC.json`, under torchrun).
+
+Every rank imports the target itself, observes its own steps, and writes what it saw to the run
+folder as it goes: its static rows once, one table per completed step, its progress (step and
+phase), and at the end its status. The launcher assembles these files, so a rank that raises,
+hangs or dies still leaves the steps before it, and says where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    run_dir = Path(spec["run_dir"])
+    rank = int(os.environ["RANK"])
+    files = RankFiles(run_dir, rank)
+    try:
+        return _run(spec, rank, files)
+    except BaseException as exc:  # report it to the launcher, then end this rank
+        files.status({"state": "error", "error": f"{type(exc).__name__}: {exc}",
+                      "traceback": traceback.format_exc()})
+        return 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RankFiles:
+    """The files one rank leaves in the run folder (written atomically)."""
+
+    def __init__(self, run_dir: Path, rank: int):
+        self.dir, self.rank = run_dir, rank
+
+    def write(self, name: str, payload: bytes) -> None:
+        tmp = self.dir / f".{name}.tmp"
+        tmp.write_bytes(payload)
+        os.replace(tmp, self.dir / name)
+
+    def status(self, payload: dict) -> None:
+        self.write(f"rank{self.rank}.status.json", json.dumps(payload).encode())
+
+    def progress(self, event: str, step: int, observer) -> None:
+        self.write(f"rank{self.rank}.progress.json",
+                   json.dumps({"event": event, "step": step, "time": time.time()}).encode())
+        if event == "begin" and step == 0 and self.rank == 0:  # before anything can hang
+            self.write("rows.pkl", pickle.dumps(observer.inv.rows))
+        if event == "end":
+            table = observer.step_table(step)
+            table.insert(0, "rank", self.rank)
+            self.write(f"rank{self.rank}.step{step:06d}.pkl", pickle.dumps(table))
+
+
+def _run(spec: dict, rank: int, files: RankFiles) -> int:
+    from .pipeline import observe
+    from .target import load_target
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl" if cuda else "gloo",
+                            timeout=timedelta(seconds=spec["collective_timeout"]))
+    files.progress("setup", -1, None)
+    setup = load_target(spec["target"], **spec["target_args"])
+    if spec.get("checkpoint"):
+        from ..measure.checkpoint_load import load_checkpoint
+        report = load_checkpoint(setup.model, spec["checkpoint"], trust=spec.get("trust"),
+                                 optimizers=setup.optimizers)
+        if rank == 0:
+            files.write("checkpoint.json", json.dumps({"load": report.to_dict()}).encode())
+    wrapped_by_us = not isinstance(setup.model, DDP)
+    if wrapped_by_us:
+        # find_unused_parameters=True so that unused tensors are observed, not fatal.
+        setup.model = DDP(setup.model, find_unused_parameters=True)
+    ddp = setup.model
+    obs = observe(setup, spec["steps"], restore=False, checksums=True,
+                  on_progress=files.progress, delta=spec.get("delta", "exact"),
+                  every=spec.get("every", 1))
+    if rank == 0:
+        files.write("meta.json", json.dumps({
+            **obs.meta, "backend": dist.get_backend(), "world_size": dist.get_world_size(),
+            "wrapped_by_diagkit": wrapped_by_us,
+            "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
+            "ddp": _ddp_facts(ddp)}, default=str).encode())
+    failure = None if obs.failure is None else {
+        "step": obs.failure.step, "error": obs.failure.error, "traceback": obs.failure.traceback}
+    if failure is None and wrapped_by_us and spec.get("measure_cost"):
+        cost = _measure_cost(setup, obs, spec)
+        if rank == 0 and cost:
+            files.write("cost.json", json.dumps(cost).encode())
+    files.status({"state": "done", "failure": failure})
+    return 1 if failure else 0  # a failed step ends the job: torchrun stops the other ranks
+
+
+def _ddp_facts(ddp) -> dict:
+    """What DDP itself reports (unused_parameter_size, can_set_static_graph, ...)."""
+    try:
+        data = ddp._get_ddp_logging_data()
+    except Exception:  # private API: absent or changed in this torch
+        return {}
+    keep = ("unused_parameter_size", "can_set_static_graph", "find_unused_parameters",
+            "static_graph", "num_parameter_tensors", "total_parameter_size_bytes",
+            "bucket_sizes", "has_rebuilt_buckets", "comm_hook", "backend_name")
+    return {k: data[k] for k in keep if k in data}
+
+
+def _measure_cost(setup, obs, spec) -> dict | None:
+    """Time find_unused_parameters=True against False on the same steps, interleaved.
+
+    Only when every rank saw every trainable tensor used on every step (else False is not an
+    option) and the standard loop is used (a train_step closes over its own model).
+    """
+    from .loop import step_function
+
+    steps = obs.steps
+    rg = steps[steps["requires_grad"]]
+    local_ok = bool(len(rg)) and bool(rg["used"].all()) and setup.train_step is None
+    flag = torch.tensor([1 if local_ok else 0], dtype=torch.int64)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    if not int(flag.item()):
+        return None
+    module = setup.model.module
+    timings = {True: [], False: []}
+    rounds, per_round = spec.get("cost_rounds", 4), spec.get("cost_steps", 3)
+    for i in range(rounds * 2):
+        fup = (i % 2 == 0)
+        ddp = DDP(module, find_unused_parameters=fup)
+        setup.model = ddp
+        step = step_function(setup)
+        step(0)  # warm-up: DDP builds its buckets on the first iteration
+        dist.barrier()
+        started = time.perf_counter()
+        for j in range(per_round):
+            step(j)
+        dist.barrier()
+        timings[fup].append((time.perf_counter() - started) / per_round)
+        del ddp, step
+    true_s = sorted(timings[True])[len(timings[True]) // 2]
+    false_s = sorted(timings[False])[len(timings[False]) // 2]
+    return {"seconds_per_step_true": true_s, "seconds_per_step_false": false_s,
+            "ratio": true_s / false_s if false_s > 0 else None,
+            "rounds": rounds, "steps_per_round": per_round}
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
