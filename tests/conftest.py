@@ -18,8 +18,9 @@ import math
 import numpy as np
 import pytest
 import pandas as pd
-import diagkit
+
 from diagkit.core.schema import PARAMS_COLUMNS, STEPS_COLUMNS
+from samples import demo
 
 N_STEPS = 3
 STEP_DEFAULTS = {
@@ -134,14 +135,14 @@ def verdict_sets(params: pd.DataFrame, steps: pd.DataFrame) -> dict[str, set[str
 # --------------------------------------------------------------- the demos, diagnosed once
 @pytest.fixture(scope="session")
 def meta():
-    return diagkit.diagnose(diagkit.load_target("diagkit.demos:meta_memory"))
+    return demo("meta_memory")
 
 
 @pytest.fixture(scope="session")
 def finetune():
-    return diagkit.diagnose(diagkit.load_target("diagkit.demos:finetune_heads"))
+    return demo("finetune_heads")
 
 
 @pytest.fixture(scope="session")
 def clean():
-    return diagkit.diagnose(diagkit.load_target("diagkit.demos:clean"))
+    return demo("clean")

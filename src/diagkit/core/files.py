@@ -31,7 +31,7 @@ def check_replaceable_dir(target: Path, marker: str) -> None:
                            f"(no {marker}); choose a new or empty folder")
 
 
-def replace_dir(tmp: Path, target: Path) -> None:
+def _replace_dir(tmp: Path, target: Path) -> None:
     """Swap a fully written folder into place."""
     if target.exists():
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
@@ -111,7 +111,7 @@ def write_dir_atomic(target, write) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         write(tmp)
-        replace_dir(tmp, target)
+        _replace_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -20,7 +20,7 @@ from .files import (check_replaceable_dir, from_parquet, records, to_jsonable, t
                     write_dir_atomic)
 from .format import human_bytes
 
-FORMAT_VERSION = 1
+_FORMAT_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +158,7 @@ class Diagnosis(_Judged):
         _write_json(folder / "findings.json", [f.to_dict() for f in self.findings])
         _write_json(folder / "advice.json", self.advice)
         _write_json(folder / "run.json", {
-            "format": FORMAT_VERSION, "meta": self.meta, "checkpoint": self.checkpoint,
+            "format": _FORMAT_VERSION, "meta": self.meta, "checkpoint": self.checkpoint,
             "failure": dataclasses.asdict(self.failure) if self.failure else None})
 
     def _repr_html_(self) -> str:

@@ -19,7 +19,7 @@ from ..measure.aggregate import fold_ranks
 from .verdicts import VERDICTS
 from .wording import subject
 
-DDP_REDUCTION_ERROR = "Expected to have finished reduction"  # DDP's refusal of unused tensors
+_DDP_REDUCTION_ERROR = "Expected to have finished reduction"  # DDP's refusal of unused tensors
 
 
 def build_findings(params: pd.DataFrame, steps: pd.DataFrame, check_errors=(),
@@ -27,7 +27,7 @@ def build_findings(params: pd.DataFrame, steps: pd.DataFrame, check_errors=(),
     """Every finding of a run: DDP's own refusal of unused tensors first, then worst first the
     step that failed, the rules that crashed, one per verdict per subtree, and `extra` (a
     checkpoint's)."""
-    findings = failure_findings(failure, check_errors)
+    findings = _failure_findings(failure, check_errors)
     verdicts = params["verdicts"]
     steps = fold_ranks(steps)
     for code, v in VERDICTS.items():
@@ -43,10 +43,10 @@ def build_findings(params: pd.DataFrame, steps: pd.DataFrame, check_errors=(),
                                     module=label, count=len(group),
                                     bytes=int(group["bytes"].sum())))
     # DDP's refusal is why the run stopped: it leads, before the sorted rest.
-    return ddp_findings(params, failure) + sort_findings(findings + list(extra))
+    return _ddp_findings(params, failure) + sort_findings(findings + list(extra))
 
 
-def failure_findings(failure: StepFailure | None, check_errors=()) -> list[Finding]:
+def _failure_findings(failure: StepFailure | None, check_errors=()) -> list[Finding]:
     """The user's step that raised, and the rules that crashed: errors of the run itself."""
     findings: list[Finding] = []
     if failure is not None:
@@ -64,10 +64,10 @@ def failure_findings(failure: StepFailure | None, check_errors=()) -> list[Findi
     return findings
 
 
-def ddp_findings(params: pd.DataFrame, failure: StepFailure | None) -> list[Finding]:
+def _ddp_findings(params: pd.DataFrame, failure: StepFailure | None) -> list[Finding]:
     """DDP(find_unused_parameters=False) stopping the run, as a finding naming the tensors it
     refused (those the verdicts call unused or intermittent)."""
-    if failure is None or DDP_REDUCTION_ERROR not in failure.error:
+    if failure is None or _DDP_REDUCTION_ERROR not in failure.error:
         return []
     unused = unused_tensors(params)
     names = unused["unused"] + unused["intermittent"]

@@ -17,10 +17,10 @@ class Buckets:
     """Small tensors of one shape, dtype and device, grouped so per-tensor work runs as one
     kernel per group.
 
-    On CPU a foreach kernel still pays ~1.5 us per tensor; a model of 500 small tensors spent
-    most of its observation time there. A group is stacked into one (count, *shape) matrix
-    (a persistent buffer or a reused scratch buffer of at most BUCKET_MAX elements), whose
-    row norms take one kernel.
+    A foreach kernel still pays a fixed cost per tensor on the CPU, which dominated observing
+    models of many small tensors (`benchmarks/README.md`). A group is stacked into one
+    (count, *shape) matrix (a persistent buffer or a reused scratch buffer of at most
+    BUCKET_MAX elements), whose row norms take one kernel.
     """
 
     TENSOR_MAX = 1 << 16   # elements: larger tensors amortise their own kernel launch

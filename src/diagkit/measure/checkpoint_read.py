@@ -15,10 +15,10 @@ import torch
 from ..core.errors import DiagkitError
 from ..core.format import brief
 
-NESTED_KEYS = ("model", "state_dict", "model_state_dict", "module", "net")
+_NESTED_KEYS = ("model", "state_dict", "model_state_dict", "module", "net")
 
 
-OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "opt")
+_OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "opt")
 
 
 TRUST_FLAG = "--trust-checkpoint"
@@ -76,18 +76,18 @@ def find_state_dict(obj, path="checkpoint") -> dict[str, torch.Tensor]:
     if isinstance(obj, Mapping) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
         return dict(obj)
     if isinstance(obj, Mapping):
-        for key in NESTED_KEYS:
+        for key in _NESTED_KEYS:
             if key in obj:
                 return find_state_dict(obj[key], path)
     raise DiagkitError(f"{path} holds no state dict of tensors (looked at the top level and "
-                       f"under {', '.join(NESTED_KEYS)})")
+                       f"under {', '.join(_NESTED_KEYS)})")
 
 
 def find_optimizer_state(obj) -> dict | None:
     """An optimizer state dict stored beside the weights, if the file has one."""
     if not isinstance(obj, Mapping):
         return None
-    for key in OPTIMIZER_KEYS:
+    for key in _OPTIMIZER_KEYS:
         value = obj.get(key)
         if isinstance(value, Mapping) and "state" in value and "param_groups" in value:
             return dict(value)

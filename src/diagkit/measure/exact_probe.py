@@ -142,7 +142,7 @@ class ExactProbe:
 
         On the CPU each tensor is done whole while it is in cache: subtract, norm, then copy
         its value as the next step's snapshot and norm that (batching each operation across
-        tensors went to memory four times: 14.4 ms vs 11.0 ms per step on the 16.8M GPT). A tensor whose
+        tensors would read memory four times; see `benchmarks/README.md`). A tensor whose
         change norm is 0 or non-finite keeps its change for `resolve` to confirm element-wise,
         as do the tensors queued for that check. Elsewhere one batched kernel per operation.
         """
@@ -225,7 +225,7 @@ def _slab(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
     One large block sits outside the heap the training step allocates its gradients and
     activations from (malloc maps it on its own), instead of dozens of tensor-sized holes in it
-    that moved where each step's allocations landed (measured: +5-15 ms per step on (a)).
+    that move where each step's allocations land and slow the step down.
     """
     out: list[torch.Tensor | None] = [None] * len(tensors)
     kinds: dict[tuple, list[int]] = {}

@@ -11,7 +11,7 @@ Each tensor is observed by exactly one strategy:
   Python call per tensor per backward was a large part of observing models with many small
   tensors.
 
-Both queue norms on the `StepState` (`measure_fresh`); `resolve_fresh` turns the read-back into
+Both queue norms on the `StepState` (`_measure_fresh`); `resolve_fresh` turns the read-back into
 exact per-tensor values.
 """
 
@@ -90,7 +90,7 @@ class BackwardHooks:
         if any(g is None for g in own.values()):
             own = {k: g for k, g in own.items() if g is not None}
             on_grad = [k for k in on_grad if k in own]
-        measure_fresh(st, obs.everything, [own.get(k) for k in range(obs.n)],
+        _measure_fresh(st, obs.everything, [own.get(k) for k in range(obs.n)],
                       obs.zero_grad_expected)
         st.on_grad[on_grad] = True  # measured on .grad itself: reusable at optimizer time
         if not obs.loop.grads_untouched_until_step:
@@ -123,11 +123,11 @@ class OptimizerShare:
         st.used[idx] = present
         if len(self.lr_rows):
             st.lr[self.lr_rows] = group_lrs()[self.lr_groups]
-        measure_fresh(st, self.layout, grads, zero_expected)
+        _measure_fresh(st, self.layout, grads, zero_expected)
         st.total_is_fresh.append(idx[present])  # nothing rewrote .grad: its norm is the fresh one
 
 
-def measure_fresh(st: StepState, layout: Layout, grads: list, zero_expected: set[int]) -> None:
+def _measure_fresh(st: StepState, layout: Layout, grads: list, zero_expected: set[int]) -> None:
     """Queue the norms of one backward's gradients (`grads` at `layout`'s positions, None where
     there is none), and an exact-zero check where a zero is expected (same read-back)."""
     with torch.no_grad():

@@ -1,10 +1,9 @@
 """Batched device arithmetic behind the observer and the probes (no hooks here).
 
 Everything returns 0-d device tensors, never Python numbers, so a step's measurements can be
-read back to the host in one transfer per device (`diagkit.measure.readback`). The choice of kernels comes
-from the profile in `benchmarks/README.md`: an L2 norm is one fast vectorised pass, while an
-infinity norm (`ord=inf`) was 20x slower on CPU, so exact zero checks use `aminmax` and run
-only on the few tensors that need them.
+read back to the host in one transfer per device (`diagkit.measure.readback`). An L2 norm is
+one fast vectorised pass while an infinity norm is far slower on the CPU, so exact zero checks
+use `aminmax`, and only on the few tensors that need them (figures: `benchmarks/README.md`).
 """
 
 from __future__ import annotations

@@ -77,7 +77,8 @@ def _unique_buffers(model):
 
 
 def _save_optimizer(opt):
-    groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+              for g in opt.param_groups]
     params = [list(g["params"]) for g in opt.param_groups]
     state = {p: {k: (v, _host_copy(v)) if isinstance(v, torch.Tensor) else (None, copy.deepcopy(v))
                  for k, v in s.items()}

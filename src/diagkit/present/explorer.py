@@ -79,7 +79,7 @@ class Explorer(widgets.VBox):
             key = (state.metric, tuple(state.selected), state.log_scale,
                    len(state.filtered_params()) == 0)
             if key != self._plot_key:
-                c.plot.value = figure_png(state.figure())
+                c.plot.value = _figure_png(state.figure())
                 self._plot_key = key
         finally:
             self._syncing = False
@@ -92,7 +92,7 @@ def explore(diag, top: int = 6) -> Explorer:
     return Explorer(state)
 
 
-def figure_png(fig: Figure, dpi: int = 96) -> bytes:
+def _figure_png(fig: Figure, dpi: int = 96) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()

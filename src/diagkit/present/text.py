@@ -9,7 +9,7 @@ from ..core import severity
 from ..core.format import human_bytes
 
 
-def severity_summary(findings) -> str:
+def _severity_summary(findings) -> str:
     """'1 error, 2 warnings' ('' when there are none)."""
     counts = Counter(f.severity for f in findings)
     return ", ".join(f"{counts[s]} {s}{'s' if counts[s] != 1 else ''}"
@@ -19,7 +19,7 @@ def severity_summary(findings) -> str:
 def render_findings(diag, width: int = 100) -> str:
     """The findings table of a diagnosis, each finding's message and fix, the advice."""
     params = diag.params
-    summary = severity_summary(diag.findings)
+    summary = _severity_summary(diag.findings)
     lines = [f"diagkit: {len(params)} tensors ({human_bytes(int(params['bytes'].sum()))}), "
              f"{diag.meta.get('steps_observed', 0)} steps observed — "
              f"{summary or 'no findings: every tensor is ok'}"]
@@ -52,7 +52,7 @@ def render_findings(diag, width: int = 100) -> str:
 def comparison_text(cmp, width: int = 100) -> str:
     """A comparison for the terminal: a header line, then one block per finding with its fix."""
     s = cmp.summary
-    verdict = severity_summary(cmp.findings)
+    verdict = _severity_summary(cmp.findings)
     lines = [f"diagkit compare: {s['path_a']} -> {s['path_b']}: {comparison_totals(s)} — "
              f"{verdict or 'no findings'}"]
     for f in cmp.findings:

@@ -96,7 +96,7 @@ def _option(name: str):
     return parse
 
 
-def parse_target_args(pairs: list[str]) -> dict:
+def _parse_target_args(pairs: list[str]) -> dict:
     """`k=v` pairs; v is a Python literal when it parses as one, else the plain string."""
     kwargs = {}
     for pair in pairs:
@@ -154,7 +154,7 @@ def _diagnose_target(args):
     """Run a target: validate everything first (before a possibly long run), then diagnose."""
     for option in ("json", "save"):
         _check_writable(getattr(args, option, None), f"--{option}")
-    kwargs = parse_target_args(args.arg)
+    kwargs = _parse_target_args(args.arg)
     _precheck_target(args.target, kwargs, args.checkpoint)
     from .api import run_target
     return run_target(args.target, kwargs, steps=args.steps, checkpoint=args.checkpoint,
@@ -198,7 +198,7 @@ def _check(args) -> int:
 
 def _report(args) -> int:
     _check_writable(args.out, "--out")
-    kwargs = parse_target_args(args.arg)
+    kwargs = _parse_target_args(args.arg)
     _precheck_target(args.target, kwargs, args.checkpoint)
     params = {"target": args.target, "target_args": kwargs, "checkpoint": args.checkpoint or "",
               "trust_checkpoint": args.trust_checkpoint, "steps": args.steps or DEFAULTS["steps"],

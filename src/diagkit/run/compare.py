@@ -66,11 +66,11 @@ def check_parameters(namespace: dict) -> dict:
     are looked up in the repository (where the demo checkpoints live)."""
     settings = contract.check_parameters(namespace, contract.COMPARE)
     for name in ("checkpoint_a", "checkpoint_b"):
-        settings[name] = resolve_path(settings[name])
+        settings[name] = _resolve_path(settings[name])
     return settings
 
 
-def resolve_path(path: str) -> str:
+def _resolve_path(path: str) -> str:
     """`path` as given if it exists from here (or is absolute); else the repository's file of
     that relative name when there is one."""
     if not path or Path(path).is_absolute() or Path(path).exists():

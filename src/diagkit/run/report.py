@@ -23,7 +23,7 @@ from ..core.format import one_line
 from .contract import DIAGNOSE, notebook_path
 from .notebook import validate
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+_TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 
 
 @dataclasses.dataclass
@@ -105,7 +105,7 @@ def _execute(params: dict, data_dir: Path, output: Path, notebook: str, label: s
 
 def _to_html(nb, show_code: bool) -> str:
     from nbconvert import HTMLExporter
-    exporter = HTMLExporter(template_name="diagkit", extra_template_basedirs=[str(TEMPLATES)],
+    exporter = HTMLExporter(template_name="diagkit", extra_template_basedirs=[str(_TEMPLATES)],
                             exclude_input=not show_code, exclude_input_prompt=not show_code,
                             exclude_output_prompt=True, embed_images=True)
     body, _ = exporter.from_notebook_node(nb)

@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     run_dir = Path(spec["run_dir"])
     rank = int(os.environ["RANK"])
-    files = RankFiles(run_dir, rank)
+    files = _RankFiles(run_dir, rank)
     try:
         return _run(spec, rank, files)
     except BaseException as exc:  # report it to the launcher, then end this rank
@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
             dist.destroy_process_group()
 
 
-class RankFiles:
+class _RankFiles:
     """The files one rank leaves in the run folder (written atomically)."""
 
     def __init__(self, run_dir: Path, rank: int):
@@ -63,7 +63,7 @@ class RankFiles:
             self.write(f"rank{self.rank}.step{step:06d}.pkl", pickle.dumps(table))
 
 
-def _run(spec: dict, rank: int, files: RankFiles) -> int:
+def _run(spec: dict, rank: int, files: _RankFiles) -> int:
     from .pipeline import observe
     from .target import load_target
 

@@ -48,8 +48,8 @@ def hostile_diagnosis():
 
 
 @pytest.fixture(scope="module")
-def meta_diag():
-    return diagkit.diagnose(diagkit.load_target("diagkit.demos:meta_memory"), steps=3)
+def meta_diag(meta):
+    return meta
 
 
 def assert_same(a: diagkit.Diagnosis, b: diagkit.Diagnosis):
@@ -139,7 +139,7 @@ def test_load_of_a_folder_that_is_not_a_diagnosis(tmp_path):
 def test_saved_files_are_plain_json_and_parquet(meta_diag, tmp_path):
     meta_diag.save(tmp_path / "diag")
     run = json.loads((tmp_path / "diag" / "run.json").read_text())
-    assert run["meta"]["steps_observed"] == 3
+    assert run["meta"]["steps_observed"] == meta_diag.meta["steps_requested"] == 5
     assert pd.read_parquet(tmp_path / "diag" / "params.parquet").shape[0] == len(meta_diag.params)
     findings = json.loads((tmp_path / "diag" / "findings.json").read_text())
     assert [f["code"] for f in findings] == [f.code for f in meta_diag.findings]

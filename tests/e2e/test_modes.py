@@ -21,7 +21,7 @@ from diagkit.measure import exact_probe as delta_module
 from diagkit.measure.fingerprint import Fingerprinter
 from diagkit.run.loop import loop_facts, step_function
 from diagkit.run.target import Setup
-from test_zoo import (MLP, EvenBranch, MaskedHead, NormNet, Reuse, SqrtAtZero, TiedLM,
+from models import (MLP, EvenBranch, MaskedHead, NormNet, Reuse, SqrtAtZero, TiedLM,
                       WithDeadHead, ZeroGate, fixed_batch, freeze_fc1_weight_at_step_2, mse_loss,
                       sum_loss)
 

@@ -364,7 +364,7 @@ def test_readme_verdict_table_is_the_registry():
     severity, and each meaning word for word."""
     import re
     from pathlib import Path
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme[readme.index("## Verdicts"):]
     section = section[:section.index("\n## ", 4)]
     rows = re.findall(r"^\| `(\w+)` \| (\w+) \| (.*) \|$", section, re.M)

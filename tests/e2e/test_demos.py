@@ -11,7 +11,7 @@ import torch
 import diagkit
 from diagkit.demos.finetune import CHECKPOINT_NAME, build_pretrain_state
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MEM = "module.metamodel.model.mem_tokens"
 DEAD_PREFIXES = ("encoder.readout_atom.", "vocab_head.", "cmim_decoder.")
 

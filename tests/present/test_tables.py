@@ -13,7 +13,7 @@ from diagkit.core.format import human_bytes
 from diagkit.core.result import Finding
 from diagkit.judge.verdicts import severity_of
 from diagkit.present import ranks, sections, tables
-from test_plots import HOSTILE, MEM, demo, failing_run, hostile_diag, synthetic
+from samples import HOSTILE, MEM, demo, failing_run, hostile_diag, synthetic
 
 DEMOS = ["meta_memory", "finetune_heads", "clean"]
 CMIM = ["cmim_decoder.0.weight", "cmim_decoder.0.bias", "cmim_decoder.2.weight",

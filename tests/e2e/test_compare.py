@@ -29,7 +29,7 @@ from diagkit.run import compare, contract
 from diagkit.present.text import comparison_text
 from diagkit.run.compare import compare_checkpoints
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STEP2 = REPO / "data" / "meta_memory_step2.pt"
 STEP5 = REPO / "data" / "meta_memory_step5.pt"
 NOTEBOOK = REPO / "notebooks" / "compare_checkpoints.ipynb"

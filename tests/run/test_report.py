@@ -184,7 +184,7 @@ def test_report_with_nproc_2_shows_the_per_rank_view(tmp_path):
 
 
 def test_report_with_a_checkpoint_shows_the_load_report_and_dead_bytes(tmp_path):
-    ckpt = Path(__file__).resolve().parents[1] / "data" / "finetune_heads_pretrain.pt"
+    ckpt = Path(__file__).resolve().parents[2] / "data" / "finetune_heads_pretrain.pt"
     out = tmp_path / "ft"
     run = diagkit("report", "diagkit.demos:finetune_heads", "--checkpoint", str(ckpt),
                   "--steps", "2", "--out", str(out))

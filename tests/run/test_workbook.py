@@ -14,7 +14,7 @@ from diagkit import DiagkitError
 from diagkit.core.options import DEFAULTS
 from diagkit.run import contract, notebook
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 
 
 def test_there_are_notebooks():

@@ -16,7 +16,7 @@ from diagkit.run.api import run_target
 from diagkit.judge.checkpoint_audit import audit, load_findings
 from diagkit.measure.checkpoint_load import load_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRETRAIN = ROOT / "data" / "finetune_heads_pretrain.pt"
 DIAGKIT = str(Path(sys.executable).parent / "diagkit")
 

@@ -18,6 +18,8 @@ import torch.nn as nn
 
 import diagkit
 from diagkit.core.schema import PARAMS_COLUMNS, STEPS_COLUMNS
+from models import (MLP, EvenBranch, MaskedHead, NormNet, Reuse, SqrtAtZero, TiedLM, WithDeadHead,
+                    ZeroGate, fixed_batch, freeze_fc1_weight_at_step_2, mse_loss, sum_loss)
 
 OK = {"ok"}
 # The SPEC 2.2 minimum for each table.
@@ -30,27 +32,6 @@ SPEC_STEPS_COLUMNS = ["step", "name", "requires_grad", "used", "grad_norm", "gra
 
 
 # --------------------------------------------------------------------------- helpers
-class MLP(nn.Module):
-    def __init__(self, d_in=4, d_hidden=5, d_out=3):
-        super().__init__()
-        self.fc1 = nn.Linear(d_in, d_hidden)
-        self.fc2 = nn.Linear(d_hidden, d_out)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-def sum_loss(model, batch):
-    return model(batch).sum()
-
-
-def mse_loss(model, batch):
-    return model(batch).pow(2).mean()
-
-
-def fixed_batch(n=6, d=4, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, d, generator=g)
 
 
 def col(diag, name, column):
@@ -166,14 +147,6 @@ def test_orphan_and_grad_not_cleared():
 
 
 # --------------------------------------------------------------------------- unused / intermittent
-class WithDeadHead(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Linear(4, 4)
-        self.dead = nn.Linear(4, 2)  # left over from pretraining; forward never calls it
-
-    def forward(self, x):
-        return self.body(x)
 
 
 def test_unused_submodule():
@@ -196,17 +169,6 @@ def test_unused_submodule():
     assert len(unused) == 1 and unused[0].module == "dead" and unused[0].count == 2
     assert unused[0].severity == "warning"
     assert diag.advice["find_unused_parameters"]["value"] is True
-
-
-class EvenBranch(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.trunk = nn.Linear(4, 4)
-        self.extra = nn.Linear(4, 4)
-
-    def forward(self, x, use_extra):
-        h = self.trunk(x)
-        return self.extra(h) if use_extra else h
 
 
 def test_intermittent_branch_via_train_step():
@@ -293,20 +255,6 @@ def test_frozen_from_start_not_in_optimizer_is_ok():
     assert diag.advice["find_unused_parameters"]["value"] is False
 
 
-def freeze_fc1_weight_at_step_2(model, opt, x):
-    """A train_step that zeroes .grad in place (no set_to_none) and freezes fc1.weight at
-    step 2: the zeroed .grad stays, so momentum or Adam's state keep moving it."""
-    def train_step(i):
-        opt.zero_grad(set_to_none=False)
-        if i == 2:
-            model.fc1.weight.requires_grad_(False)
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        return loss
-    return train_step
-
-
 @pytest.mark.parametrize("make_opt", [
     lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
     lambda ps: torch.optim.Adam(ps, lr=0.01),
@@ -355,18 +303,6 @@ def test_stalled_lr_zero_group():
     assert col(diag, "fc2.weight", "changed").all()
 
 
-class ZeroGate(nn.Module):
-    """`gate` is in the graph but multiplied by 0: autograd gives it exact zeros."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 3)
-        self.gate = nn.Parameter(torch.full((3,), 0.5))
-
-    def forward(self, x):
-        return self.fc(x) + 0 * self.gate
-
-
 def test_zero_gradient_plain_sgd_is_also_stalled():
     torch.manual_seed(0)
     model = ZeroGate()
@@ -394,16 +330,6 @@ def test_zero_gradient_alone_when_weight_decay_moves_it():
 
 
 # --------------------------------------------------------------------------- nonfinite
-class SqrtAtZero(nn.Module):
-    """d/ds sqrt(s - s.detach()) at 0 is +inf, every time, with a finite loss on step 0."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 3)
-        self.s = nn.Parameter(torch.ones(2))
-
-    def forward(self, x):
-        return self.fc(x).pow(2).mean() + torch.sqrt(self.s - self.s.detach()).sum()
 
 
 def test_nonfinite_grad():
@@ -452,15 +378,6 @@ def test_nonfinite_grad_one_step_only():
 
 
 # --------------------------------------------------------------------------- decay
-class NormNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.ln = nn.LayerNorm(4)
-        self.out = nn.Linear(4, 2, bias=False)
-
-    def forward(self, x):
-        return self.out(self.ln(self.fc(x)))
 
 
 def test_decay_on_norm_or_bias_adamw_everything():
@@ -570,16 +487,6 @@ def test_not_in_model_stale_head_is_also_unused():
 
 
 # --------------------------------------------------------------------------- sharing
-class TiedLM(nn.Module):
-    def __init__(self, vocab=7, dim=4):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, dim)
-        self.mix = nn.Linear(dim, dim)
-        self.head = nn.Linear(dim, vocab, bias=False)
-        self.head.weight = self.emb.weight  # tied
-
-    def forward(self, tokens):
-        return self.head(torch.tanh(self.mix(self.emb(tokens))))
 
 
 def test_tied_weights_one_row_with_alias():
@@ -607,16 +514,6 @@ def test_tied_weights_one_row_with_alias():
     loss_fn(model, (tokens, targets)).backward()
     np.testing.assert_allclose(col(diag, "emb.weight", "grad_norm")[0],
                                model.emb.weight.grad.norm().item(), rtol=1e-5)
-
-
-class Reuse(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.block = nn.Linear(4, 4)
-        self.out = nn.Linear(4, 1)
-
-    def forward(self, x):
-        return self.out(self.block(torch.tanh(self.block(x))))
 
 
 def test_module_reused_twice_accumulates_both_uses():
@@ -825,16 +722,6 @@ def test_orphan_cleared_by_model_zero_grad_is_only_orphan():
 
 
 # --------------------------------------------------------------------------- known bugs
-class MaskedHead(nn.Module):
-    """A constant additive mask stored as a frozen Parameter (a common pattern)."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 3)
-        self.mask = nn.Parameter(torch.tensor([0.0, -math.inf, 0.0]), requires_grad=False)
-
-    def forward(self, x):
-        return torch.softmax(self.fc(x) + self.mask, dim=-1)
 
 
 def test_frozen_tensor_holding_inf_is_not_changing():

@@ -1,0 +1,140 @@
+"""The models the tests share: small, built from code with a fixed seed, never downloaded.
+
+Each is the smallest model that shows one wiring (a dead head, a data-dependent branch, tied
+weights, a module reused twice, ...); the end-to-end tests diagnose them, the unit tests of
+other layers reuse them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in=4, d_hidden=5, d_out=3):
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, d_hidden)
+        self.fc2 = nn.Linear(d_hidden, d_out)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def sum_loss(model, batch):
+    return model(batch).sum()
+
+
+def mse_loss(model, batch):
+    return model(batch).pow(2).mean()
+
+
+def fixed_batch(n=6, d=4, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=g)
+
+
+class WithDeadHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(4, 4)
+        self.dead = nn.Linear(4, 2)  # left over from pretraining; forward never calls it
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class EvenBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(4, 4)
+        self.extra = nn.Linear(4, 4)
+
+    def forward(self, x, use_extra):
+        h = self.trunk(x)
+        return self.extra(h) if use_extra else h
+
+
+def freeze_fc1_weight_at_step_2(model, opt, x):
+    """A train_step that zeroes .grad in place (no set_to_none) and freezes fc1.weight at
+    step 2: the zeroed .grad stays, so momentum or Adam's state keep moving it."""
+    def train_step(i):
+        opt.zero_grad(set_to_none=False)
+        if i == 2:
+            model.fc1.weight.requires_grad_(False)
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+    return train_step
+
+
+class ZeroGate(nn.Module):
+    """`gate` is in the graph but multiplied by 0: autograd gives it exact zeros."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.gate = nn.Parameter(torch.full((3,), 0.5))
+
+    def forward(self, x):
+        return self.fc(x) + 0 * self.gate
+
+
+class SqrtAtZero(nn.Module):
+    """d/ds sqrt(s - s.detach()) at 0 is +inf, every time, with a finite loss on step 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.s = nn.Parameter(torch.ones(2))
+
+    def forward(self, x):
+        return self.fc(x).pow(2).mean() + torch.sqrt(self.s - self.s.detach()).sum()
+
+
+class NormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.ln = nn.LayerNorm(4)
+        self.out = nn.Linear(4, 2, bias=False)
+
+    def forward(self, x):
+        return self.out(self.ln(self.fc(x)))
+
+
+class TiedLM(nn.Module):
+    def __init__(self, vocab=7, dim=4):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.mix = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.emb.weight  # tied
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.mix(self.emb(tokens))))
+
+
+class Reuse(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.out(self.block(torch.tanh(self.block(x))))
+
+
+class MaskedHead(nn.Module):
+    """A constant additive mask stored as a frozen Parameter (a common pattern)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.mask = nn.Parameter(torch.tensor([0.0, -math.inf, 0.0]), requires_grad=False)
+
+    def forward(self, x):
+        return torch.softmax(self.fc(x) + self.mask, dim=-1)
