@@ -11,14 +11,15 @@ Each tensor is observed by exactly one strategy:
   Python call per tensor per backward was a large part of observing models with many small
   tensors.
 
-Both queue norms on the `StepState` (`_measure_fresh`); `resolve_fresh` turns the read-back into
-exact per-tensor values.
+Both follow `GradientStrategy`, and queue norms on the `StepState` (`_measure_fresh`);
+`resolve_fresh` turns the read-back into exact per-tensor values.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -28,6 +29,16 @@ from .kernels import exact_norm, max_abs
 from .step_state import StepState
 
 _GRAD_AND_FLAG = operator.attrgetter("grad", "requires_grad")
+
+
+class GradientStrategy(Protocol):
+    """How the fresh gradients (and `used`) of some tensors are observed during a step."""
+
+    def attach(self, handles: list) -> None:
+        """Set whatever hooks it needs, appending their handles (removed by the observer)."""
+
+    def at_optimizer_step(self, i: int, st: StepState) -> None:
+        """Optimizer `i` is about to step (its step pre-hook)."""
 
 
 class BackwardHooks:
@@ -51,6 +62,9 @@ class BackwardHooks:
             finally:
                 if not was:
                     t.requires_grad_(False)
+
+    def at_optimizer_step(self, i: int, st: StepState) -> None:
+        """Nothing to do: the gradients were measured as each backward ended."""
 
     def _hook(self, k: int) -> Callable:
         obs, tensor = self.obs, self.obs.tensors[k]
@@ -98,21 +112,27 @@ class BackwardHooks:
 
 
 class OptimizerShare:
-    """An optimizer's unhooked tensors `idx`, laid out once: the tensor objects, their layout
+    """Optimizer `i`'s unhooked tensors `idx`, laid out once: the tensor objects, their layout
     (positions, bucket groups) and the rows whose lr is read. Right after a backward those
     objects are out of the CPU's caches, so a step touches each of them once (`take`)."""
 
-    def __init__(self, idx: np.ndarray, tensors: list[torch.Tensor], buckets: Buckets,
+    def __init__(self, observer, i: int, idx: np.ndarray, buckets: Buckets,
                  group_of: np.ndarray):
-        self.idx = idx
+        self.obs, self.optimizer, self.idx = observer, i, idx
         self.first = int(idx[0])  # the whole share is read when this one is
         self.layout = Layout(idx.tolist(), buckets)
-        self.tensors = [tensors[k] for k in self.layout.ks]
+        self.tensors = [observer.tensors[k] for k in self.layout.ks]
         held = group_of[idx] >= 0
         self.lr_rows, self.lr_groups = idx[held], group_of[idx][held]
 
-    def take(self, st: StepState, group_lrs: Callable[[], np.ndarray],
-             zero_expected: set[int]) -> None:
+    def attach(self, handles: list) -> None:
+        """No hooks: .grad is read as the optimizer steps."""
+
+    def at_optimizer_step(self, i: int, st: StepState) -> None:
+        if i == self.optimizer and not st.read[self.first]:
+            self.take(st)
+
+    def take(self, st: StepState) -> None:
         """As the optimizer steps: each .grad is this step's own gradient."""
         pairs = list(map(_GRAD_AND_FLAG, self.tensors))
         grads = [g for g, _ in pairs]
@@ -122,8 +142,8 @@ class OptimizerShare:
         st.requires_grad[idx] = [f for _, f in pairs]
         st.used[idx] = present
         if len(self.lr_rows):
-            st.lr[self.lr_rows] = group_lrs()[self.lr_groups]
-        _measure_fresh(st, self.layout, grads, zero_expected)
+            st.lr[self.lr_rows] = self.obs.group_lrs()[self.lr_groups]
+        _measure_fresh(st, self.layout, grads, self.obs.zero_grad_expected)
         st.total_is_fresh.append(idx[present])  # nothing rewrote .grad: its norm is the fresh one
 
 

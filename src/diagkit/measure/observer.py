@@ -26,7 +26,7 @@ import torch
 from ..core.options import DEFAULTS
 from ..core.schema import BOOL_STEP_COLUMNS, STEPS_COLUMNS
 from .buckets import Buckets, Layout
-from .gradients import BackwardHooks, OptimizerShare, resolve_fresh
+from .gradients import BackwardHooks, GradientStrategy, OptimizerShare, resolve_fresh
 from .inventory import Inventory, group_lr
 from .kernels import checksum, norms
 from .probes import make_probe
@@ -70,18 +70,22 @@ class Observer:
                                 sample)
         self._grad_buckets = Buckets(self.tensors)
         self.everything = Layout(list(range(n)), self._grad_buckets)
-        self._shares = self._plan_shares()
+        shares = self._plan_shares()
         shared = np.zeros(n, dtype=bool)
-        for share in self._shares:
-            if share is not None:
-                shared[share.idx] = True
-        self._hooks = BackwardHooks(self, np.flatnonzero(~shared).tolist())
+        for share in shares:
+            shared[share.idx] = True
+        # Every tensor is observed by exactly one strategy: a hook, or its optimizer's share.
+        self._strategies: list[GradientStrategy] = [
+            BackwardHooks(self, np.flatnonzero(~shared).tolist()), *shares]
+        # What each optimizer's pre-hook reads itself: the tensors it holds outside its share.
+        self._read_by = [np.setdiff1d(ks, next((s.idx for s in shares if s.optimizer == i),
+                                               ks[:0])) for i, ks in enumerate(self._held_by)]
         self._all = np.arange(n)
 
-    def _plan_shares(self) -> list[OptimizerShare | None]:
+    def _plan_shares(self) -> list[OptimizerShare]:
         """Each optimizer's hookless share (its tensors no earlier optimizer holds), when the
-        loop allows it; None where it holds nothing new or the loop does not."""
-        shares: list[OptimizerShare | None] = [None] * len(self.optimizers)
+        loop allows it (`LoopFacts.hookless_shares`)."""
+        shares: list[OptimizerShare] = []
         if not self.loop.hookless_shares:
             return shares
         taken = np.zeros(self.n, dtype=bool)
@@ -89,7 +93,7 @@ class Observer:
             mine = ks[~taken[ks]]
             taken[mine] = True
             if len(mine):
-                shares[i] = OptimizerShare(mine, self.tensors, self._grad_buckets, self._slot_of)
+                shares.append(OptimizerShare(self, i, mine, self._grad_buckets, self._slot_of))
         return shares
 
     # ----------------------------------------------------------------- lifecycle
@@ -104,7 +108,8 @@ class Observer:
         """Allocate the probe's buffers and set every hook (all undone if any of it fails)."""
         try:
             self.probe.attach()
-            self._hooks.attach(self._handles)
+            for strategy in self._strategies:
+                strategy.attach(self._handles)
             for i, opt in enumerate(self.optimizers):
                 self._handles.append(opt.register_step_pre_hook(self._optimizer_hook(i)))
         except BaseException:
@@ -195,14 +200,12 @@ class Observer:
 
     # ----------------------------------------------------------------- optimizer time
     def _optimizer_hook(self, i: int) -> Callable:
-        share = self._shares[i]
-        # Held tensors outside the share: those an earlier optimizer holds too.
-        rest = self._held_by[i] if share is None else np.setdiff1d(self._held_by[i], share.idx)
+        strategies, rest = self._strategies, self._read_by[i]
 
         def hook(*_args):
             if self.active:
-                if share is not None and not self.state.read[share.first]:
-                    share.take(self.state, self._group_lrs, self.zero_grad_expected)
+                for strategy in strategies:
+                    strategy.at_optimizer_step(i, self.state)
                 if len(rest):
                     self._read_at_step(rest)
         return hook
@@ -218,7 +221,7 @@ class Observer:
         st.requires_grad[idx] = [tensors[k].requires_grad for k in ks]
         slots = self._slot_of[idx]
         if (slots >= 0).any():
-            st.lr[idx[slots >= 0]] = self._group_lrs()[slots[slots >= 0]]
+            st.lr[idx[slots >= 0]] = self.group_lrs()[slots[slots >= 0]]
         untouched = self.loop.grads_untouched_until_step
         if untouched:  # measured at backward end: known to be there
             has_grad = st.on_grad[idx].copy()
@@ -238,7 +241,7 @@ class Observer:
         with torch.no_grad():
             st.total_norms.update(zip(todo, norms([tensors[k].grad for k in todo])))
 
-    def _group_lrs(self) -> np.ndarray:
+    def group_lrs(self) -> np.ndarray:
         """The lr of each (optimizer, param group) slot, as it is now."""
         return np.array([group_lr(self.optimizers[i].param_groups[j])
                          if j < len(self.optimizers[i].param_groups) else math.nan
