@@ -134,13 +134,19 @@ def change_figure(cmp, max_labels: int = 40):
                    zorder=4, label="changed from all zeros")
     ax.set_ylim(n - 0.5, -0.5)  # file order, top down
     ax.set_xlabel("relative change (log)")
-    if labelled:
-        ax.set_yticks(y, [truncate_left(name, 48) for name in t["name"]], fontsize=7.5,
-                      family="monospace", parse_math=False)
-        for tick, is_same in zip(ax.get_yticklabels(), same):
-            tick.set_color(warn if is_same else "0.15")
-    else:
-        ax.set_ylabel(f"{n} tensors, in file order")
+    _label_rows(ax, t["name"] if labelled else None, y, same, warn)
     ax.grid(axis="x", which="major", alpha=0.3)
     ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
     return fig
+
+
+def _label_rows(ax, names, y: np.ndarray, same: np.ndarray, warn: str) -> None:
+    """Name every row (unchanged ones in the warning colour, so they stand out without the
+    legend), or, when `names` is None because there are too many to read, only count them."""
+    if names is None:
+        ax.set_ylabel(f"{len(y)} tensors, in file order")
+        return
+    ax.set_yticks(y, [truncate_left(name, 48) for name in names], fontsize=7.5,
+                  family="monospace", parse_math=False)
+    for tick, is_same in zip(ax.get_yticklabels(), same):
+        tick.set_color(warn if is_same else "0.15")

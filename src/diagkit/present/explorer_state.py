@@ -1,24 +1,21 @@
-"""The explorer's state: filters, ordering, default selection, the plot and the HTML table
-over the two result tables, as a plain object testable without a kernel (the widgets are in
-`diagkit.present.explorer`). Presents only; never measures.
+"""The explorer's state: filters, ordering and default selection over the two result tables,
+as a plain object testable without a kernel (widgets: `diagkit.present.explorer`; drawing the
+plot and the HTML table: `diagkit.present.explorer_view`). Presents only; never measures.
 """
 
 from __future__ import annotations
 
-import html
-import math
 import re
 from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from ..core import severity
-from ..core.format import fmt_shape, truncate_left
 from ..judge.verdicts import severity_of, worst_verdict_severity
 from ..measure.aggregate import fold_ranks
+from . import explorer_view
 
 METRICS: dict[str, str] = {
     "grad_norm": "L2 norm of the step's own gradient",
@@ -27,8 +24,7 @@ METRICS: dict[str, str] = {
     "update_ratio": "change / norm of the value before",
 }
 MAX_OPTIONS = 500    # the tensor picker offers at most this many names
-MAX_LINES = 40       # the plot draws at most this many tensors
-MAX_LEGEND = 15      # above this many lines the legend is left out
+MAX_LINES = 40       # the plot draws at most this many tensors (the legend: explorer_view)
 
 
 class Options(NamedTuple):
@@ -231,90 +227,12 @@ class ExplorerState:
 
     # ------------------------------------------------------------------ rendering
     def figure(self) -> Figure:
-        """A line per selected tensor: the metric over the steps. Says 'no data' when empty."""
-        fig = Figure(figsize=(8, 3.8), layout="constrained")
-        ax = fig.add_subplot()
-        data = self.series()
-        names = list(data.columns)[:MAX_LINES]
-        values = data[names].to_numpy(dtype=float) if names else np.empty((0, 0))
-        finite = np.isfinite(values)
-        if not finite.any():
-            ax.text(0.5, 0.5, "no data: " + self._why_empty(names), ha="center", va="center",
-                    wrap=True, transform=ax.transAxes, fontsize=10, color="#555")
-            ax.set_axis_off()
-            return fig
-        rank = dict(zip(self._names, self._rank))
-        verdicts = dict(zip(self._names, self._verdicts))
-        steps = data.index.to_numpy()
-        handles, labels = [], []
-        for j, name in enumerate(names):
-            problem = rank.get(name, 0) > 0
-            line, = ax.plot(steps, values[:, j], marker="o", ms=3.5, lw=2.2 if problem else 1.2,
-                            alpha=1 if problem else 0.7)
-            label = truncate_left(name, 60)
-            if problem:
-                label += f" [{', '.join(verdicts[name])}]"
-            if not finite[:, j].any():
-                label += " (no data)"
-            handles.append(line)
-            labels.append(label.replace("$", r"\$"))   # names are text, never mathtext
-        title = f"{self._metric} per step"
-        positive = finite & (np.nan_to_num(values, nan=0.0) > 0)
-        if self.log_scale and positive.any():
-            ax.set_yscale("log", nonpositive="mask")
-        elif self.log_scale:
-            title += " (linear: no positive values to put on a log scale)"
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step")
-        ax.set_ylabel(METRICS[self._metric], fontsize=8)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(True, alpha=0.3)
-        if len(handles) <= MAX_LEGEND:
-            # explicit labels: the legend would otherwise drop names starting with '_'
-            ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-        return fig
+        """A line per selected tensor: the metric over the steps (`explorer_view.figure`)."""
+        return explorer_view.figure(self, max_lines=MAX_LINES, ylabel=METRICS[self._metric])
 
     def table_html(self, limit: int = 50) -> str:
-        """The filtered rows as an HTML table (problems first); every name is escaped."""
-        table = self._filtered()[1]
-        rows_idx = self._filtered()[0][:limit]
-        selected = set(self.selected)
-        esc = html.escape
-        metric = self._metric
-        head = ["name", "verdicts", "module", "type", "shape", "requires grad",
-                "optimizer / group", "lr", "used / steps", metric]
-        out = [f"<div class='diagkit-explorer-table'><p>{len(table):,} of {len(self.params):,} "
-               f"tensors match"
-               + (f"; showing the first {len(rows_idx):,}" if len(table) > len(rows_idx) else "")
-               + "</p>",
-               "<table style='border-collapse:collapse;font-size:12px'><thead><tr>"
-               + "".join(f"<th style='text-align:left;padding:2px 6px'>{esc(h)}</th>"
-                         for h in head) + "</tr></thead><tbody>"]
-        p = self.params
-        for i in rows_idx:
-            row = p.iloc[i]
-            name = esc(str(row["name"]))
-            if row["name"] in selected:
-                name = f"<b>{name}</b>"
-            cells = [
-                name,
-                esc(", ".join(self._verdicts[i])),
-                esc(_fmt(row.get("module"))),
-                esc(_fmt(row.get("module_type"))),
-                esc(_fmt(row.get("shape"))),
-                esc(_fmt(row.get("requires_grad"))),
-                esc(f"{_fmt(row.get('optimizer'))} / {_fmt(row.get('group'))}"
-                    if not _missing(row.get("optimizer")) else "none"),
-                esc(_fmt(row.get("lr"))),
-                esc(f"{_fmt(row.get('used_steps'))} / {_fmt(row.get('steps'))}"),
-                esc(_fmt(row.get(metric))),
-            ]
-            level = severity.ORDER[len(severity.LEVELS) - int(self._rank[i])]
-            color = "transparent" if level == "ok" else severity.COLORS[level][1]
-            out.append(f"<tr style='border-left:4px solid {color}'>" + "".join(
-                f"<td style='padding:2px 6px'>{c}</td>" for c in cells) + "</tr>")
-        out.append("</tbody></table></div>")
-        return "".join(out)
+        """The filtered rows as an HTML table, names escaped (`explorer_view.table_html`)."""
+        return explorer_view.table_html(self, limit)
 
     # ------------------------------------------------------------------ internals
     def _label(self, i: int) -> str:
@@ -372,19 +290,6 @@ class ExplorerState:
             return {}
         return wide[self._metric].notna().any().to_dict()
 
-    def _why_empty(self, names: list[str]) -> str:
-        if not len(self.params):
-            return "the diagnosis holds no tensors"
-        if not len(self.steps):
-            return "no step was observed" + (
-                f" (the diagnosis stopped at step {self.failure.step})" if self.failure else "")
-        if not len(self._filtered()[0]):
-            return "no tensor matches the filters"
-        if not names:
-            return "no tensor is selected"
-        return (f"{self._metric} is NaN on every step for the {len(names)} selected tensor"
-                f"{'s' if len(names) != 1 else ''}")
-
 
 # ---------------------------------------------------------------------- helpers
 def _as_verdicts(value) -> tuple[str, ...]:
@@ -394,18 +299,3 @@ def _as_verdicts(value) -> tuple[str, ...]:
         return tuple(str(v) for v in value) or ("ok",)
     return ("ok",)
 
-
-def _missing(value) -> bool:
-    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
-
-
-def _fmt(value) -> str:
-    if isinstance(value, (tuple, list)):
-        return fmt_shape(value)
-    if _missing(value):
-        return ""
-    if isinstance(value, (bool, np.bool_)):
-        return "yes" if value else "no"
-    if isinstance(value, (float, np.floating)):
-        return f"{value:.3g}"
-    return str(value)

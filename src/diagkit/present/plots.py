@@ -117,15 +117,26 @@ def grad_norm_figure(steps: pd.DataFrame, params: pd.DataFrame, top: int = 8) ->
     ax.set_yscale("log", nonpositive="mask")
     others = [col[n] for n in has_data if n not in set(named)]
     _band(ax, x, pos_total[:, others], ".grad")
+    lines = [(n, (pos_total[:, col[n]], pos_fresh[:, col[n]])) for n in named]
+    dashed = _grad_lines(ax, x, lines, verdicts)
+    notes, style = _grad_legend(missing, verdicts, dashed)
+    finish(ax, title, "L2 norm (log)", notes, style)
+    return fig
+
+
+def _grad_lines(ax, x, lines: list, verdicts: dict) -> bool:
+    """Draw each named tensor's .grad (solid) and, where it differs, its own gradient of the
+    step (dashed); the first one, if its .grad accumulates, is annotated. `lines`: (name,
+    (.grad norms, fresh norms)) in drawing order. Returns whether any dashed line was drawn, so
+    that the legend explains the dashes only when there are some."""
     marker = "o" if len(x) <= 30 else None
     growing = [n for n, vs in verdicts.items() if any(v in ACCUMULATING for v in vs)]
     dashed = False
-    for i, name in enumerate(named):
+    for i, (name, (y_total, y_fresh)) in enumerate(lines):
         vs = tuple(verdicts.get(name, ("ok",)))
         flagged = vs != ("ok",) and any(v != "ok" for v in vs)
         color = _color(i, flagged)
         legend = label(name) + (f"  [{verdict_text(vs)}]" if flagged else "")
-        y_total, y_fresh = pos_total[:, col[name]], pos_fresh[:, col[name]]
         lw = 2.4 if name in growing else 1.6 if flagged else 1.2
         ax.plot(x, y_total, color=color, lw=lw, marker=marker, ms=3.5, label=legend)
         if not np.allclose(y_fresh, y_total, equal_nan=True):  # else it hides behind .grad
@@ -133,6 +144,12 @@ def grad_norm_figure(steps: pd.DataFrame, params: pd.DataFrame, top: int = 8) ->
             dashed = True
         if i == 0 and name in growing:
             _annotate_growth(ax, x, y_total, name, vs, len(growing) - 1)
+    return dashed
+
+
+def _grad_legend(missing: list[str], verdicts: dict, dashed: bool) -> tuple[list[str], list]:
+    """(notes, style entries) of the gradient figure's legend: the flagged tensors that could
+    not be drawn, counted by verdict so none goes unmentioned, and what solid and dashed mean."""
     notes = []
     if missing:
         kinds = pd.Series([verdict_text(verdicts[n]) for n in missing]).value_counts()
@@ -144,8 +161,7 @@ def grad_norm_figure(steps: pd.DataFrame, params: pd.DataFrame, top: int = 8) ->
                             label="gradient of the step itself"))
     else:
         notes.append("(each drawn .grad is exactly its step's own gradient)")
-    finish(ax, title, "L2 norm (log)", notes, style)
-    return fig
+    return notes, style
 
 
 def _annotate_growth(ax, x, y, name: str, verdicts, more: int) -> None:
@@ -186,43 +202,60 @@ def update_ratio_figure(steps: pd.DataFrame, params: pd.DataFrame, top: int = 8)
                  else "no update ratio was recorded", title, ylabel)
         return fig
     positive = finite & (values > 0)
-    smallest = values[positive].min() if positive.any() else 1e-5
-    floor = 10.0 ** (np.floor(np.log10(smallest)) - 1)
+    floor = _floor(values[positive])
     names = ratio.columns
     col = {n: i for i, n in enumerate(names)}
     has_data = names[finite.any(axis=0)]
     mean = pd.Series(np.where(positive, values, 0).mean(axis=0), index=names)
     named, _ = _pick(params, has_data, mean, top)
-    verdicts = _verdicts_of(params)
     x = ratio.index.to_numpy()
     ax.set_yscale("log", nonpositive="mask")
     taken = set(named)
     rest = np.array([col[n] for n in has_data if n not in taken], dtype=int)
     changing = rest[positive[:, rest].any(axis=0)] if len(rest) else rest
     _band(ax, x, np.where(positive[:, changing], values[:, changing], np.nan), "ratio")
+    lines = [(n, values[:, col[n]]) for n in named]
+    drew_floor = _ratio_lines(ax, x, lines, _verdicts_of(params), floor)
+    if drew_floor or not positive.any():
+        ax.axhline(floor, color="0.4", ls=":", lw=1, label=f"0: no change (drawn at {floor:.0e})")
+    notes = _ratio_notes(never=len(rest) - len(changing), undefined=len(names) - len(has_data))
+    finish(ax, title, ylabel, notes, [])
+    if positive.any():
+        ax.set_ylim(bottom=floor / 2)
+    return fig
+
+
+def _floor(positive_values: np.ndarray) -> float:
+    """Where a ratio of 0 is drawn on the log axis: a decade below the next power of ten under
+    the smallest real ratio, so 'no change' sits visibly below every real value."""
+    smallest = positive_values.min() if positive_values.size else 1e-5
+    return 10.0 ** (np.floor(np.log10(smallest)) - 1)
+
+
+def _ratio_lines(ax, x, lines: list, verdicts: dict, floor: float) -> bool:
+    """Draw each named tensor's ratio ((name, ratios per step), in drawing order), its zeros
+    moved up to `floor`, which a log axis could not show. Returns whether any point was put on
+    the floor, so that the floor line is drawn only when something sits on it."""
     marker = "o" if len(x) <= 30 else None
     drew_floor = False
-    for i, name in enumerate(named):
+    for i, (name, y) in enumerate(lines):
         vs = tuple(verdicts.get(name, ("ok",)))
         flagged = any(v != "ok" for v in vs)
-        y = values[:, col[name]]
         at_floor = np.isfinite(y) & (y <= 0)
         drew_floor |= bool(at_floor.any())
         y = np.where(at_floor, floor, y)
         legend = label(name) + (f"  [{verdict_text(vs)}]" if flagged else "")
         ax.plot(x, y, color=_color(i, flagged), lw=2.2 if flagged else 1.2,
                 marker=marker, ms=3.5, label=legend)
+    return drew_floor
+
+
+def _ratio_notes(never: int, undefined: int) -> list[str]:
+    """Legend notes for the tensors the ratio figure cannot draw: none is silently left out."""
     notes = []
-    if drew_floor or not positive.any():
-        ax.axhline(floor, color="0.4", ls=":", lw=1, label=f"0: no change (drawn at {floor:.0e})")
-    never = len(rest) - len(changing)
     if never:
         notes.append(f"{never} other tensor{'s' if never != 1 else ''} never changed (ratio 0)")
-    undefined = len(names) - len(has_data)
     if undefined:
         notes.append(f"{undefined} tensor{'s' if undefined != 1 else ''} without a ratio "
                      "(value norm 0)")
-    finish(ax, title, ylabel, notes, [])
-    if positive.any():
-        ax.set_ylim(bottom=floor / 2)
-    return fig
+    return notes

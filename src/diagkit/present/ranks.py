@@ -40,7 +40,6 @@ def rank_view(diag, limit: int = 50) -> str:
     diverged come first (earliest, then widest), then the rank-dependent use. At most `limit`
     rows, then "and N more". A single-process run has nothing to compare: a short note.
     """
-    esc = html.escape
     steps = getattr(diag, "steps", diag)
     if steps is None or "rank" not in steps.columns:
         return '<p class="diagkit-ranks">single process: no per-rank view.</p>'
@@ -49,9 +48,20 @@ def rank_view(diag, limit: int = 50) -> str:
     s = steps[cols].copy()
     s["name"] = s["name"].astype(str)
     ranks = sorted(int(r) for r in s["rank"].dropna().unique())
-    n_steps = int(s["step"].nunique())
-    position = pd.Series(np.arange(len(s)), index=s.index).groupby(s["name"], sort=False).min()
+    flagged = _flagged(s)
+    out = [f'<div class="diagkit-ranks"><p>{_summary(ranks, int(s["step"].nunique()), flagged)}'
+           '</p>']
+    if len(flagged):
+        out += _table(s, flagged, limit)
+    out.append("</div>")
+    return "".join(out)
 
+
+def _flagged(s: pd.DataFrame) -> pd.DataFrame:
+    """Per tensor that differs between ranks on some step: whether it diverged or was used on
+    some ranks only, the first step after which it diverged and its widest spread; in the
+    order the view lists them (diverged first: earliest, then widest; then table order)."""
+    position = pd.Series(np.arange(len(s)), index=s.index).groupby(s["name"], sort=False).min()
     per_step = rank_differences(s)
     per_step = per_step[per_step["mixed"] | per_step["diverged"]].reset_index()
     per_step.columns = ["name", "step", "mixed", "diverged", "spread"]
@@ -64,39 +74,44 @@ def rank_view(diag, limit: int = 50) -> str:
         "spread": g["spread"].max(),
     })
     flagged["position"] = position.reindex(flagged.index).to_numpy()
-    flagged = flagged.sort_values(["diverged", "first", "spread", "position"],
-                                  ascending=[False, True, False, True], kind="stable")
+    return flagged.sort_values(["diverged", "first", "spread", "position"],
+                               ascending=[False, True, False, True], kind="stable")
 
+
+def _summary(ranks: list[int], n_steps: int, flagged: pd.DataFrame) -> str:
+    """The view's first line: how many ranks and steps were compared, and what differed."""
     n_div, n_mixed = int(flagged["diverged"].sum()), int(flagged["mixed"].sum())
     rank_text = f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
     if ranks:
         rank_text += f" ({spans(ranks)})"
-    summary = (f"{rank_text}, {n_steps} step{'s' if n_steps != 1 else ''} observed; "
-               + (f"{len(flagged)} tensor{'s differ' if len(flagged) != 1 else ' differs'} "
-                  "between ranks"
-                  f" ({n_mixed} used on some ranks only, {n_div} with values that diverged)."
-                  if len(flagged) else "no tensor differs between ranks."))
-    out = [f'<div class="diagkit-ranks"><p>{summary}</p>']
-    if len(flagged):
-        shown = flagged.iloc[:max(int(limit), 0)]
-        rows_of = s[s["name"].isin(shown.index)].groupby("name", sort=False)
-        warn, err = severity.COLORS["warning"], severity.COLORS["error"]
-        body = []
-        for name, f in shown.iterrows():
-            bg, fg = err if f["diverged"] else warn
-            first = f"after step {int(f['first'])}" if f["diverged"] else "—"
-            body.append(
-                f'<tr class="{"error" if f["diverged"] else "warning"}">'
-                f'<td style="background:{bg};color:{fg}"><code>{esc(name)}</code></td>'
-                f"<td>{esc(_use_by_rank(rows_of.get_group(name)))}</td>"
-                f"<td>{first}</td>"
-                f"<td style='text-align:right'>"
-                f"{fmt_number(f['spread']) if f['diverged'] else '—'}</td></tr>")
-        head = "".join(f"<th>{h}</th>" for h in ("tensor", "used on", "values diverged",
-                                                 "max relative spread"))
-        out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody>"
-                   "</table>")
-        if len(flagged) > len(shown):
-            out.append(f"<p>and {len(flagged) - len(shown)} more.</p>")
-    out.append("</div>")
-    return "".join(out)
+    return (f"{rank_text}, {n_steps} step{'s' if n_steps != 1 else ''} observed; "
+            + (f"{len(flagged)} tensor{'s differ' if len(flagged) != 1 else ' differs'} "
+               "between ranks"
+               f" ({n_mixed} used on some ranks only, {n_div} with values that diverged)."
+               if len(flagged) else "no tensor differs between ranks."))
+
+
+def _table(s: pd.DataFrame, flagged: pd.DataFrame, limit: int) -> list[str]:
+    """The HTML table of the first `limit` flagged tensors (names escaped: they come from user
+    code), then how many were left out, so a long list stays readable yet complete in count."""
+    esc = html.escape
+    shown = flagged.iloc[:max(int(limit), 0)]
+    rows_of = s[s["name"].isin(shown.index)].groupby("name", sort=False)
+    warn, err = severity.COLORS["warning"], severity.COLORS["error"]
+    body = []
+    for name, f in shown.iterrows():
+        bg, fg = err if f["diverged"] else warn
+        first = f"after step {int(f['first'])}" if f["diverged"] else "—"
+        body.append(
+            f'<tr class="{"error" if f["diverged"] else "warning"}">'
+            f'<td style="background:{bg};color:{fg}"><code>{esc(name)}</code></td>'
+            f"<td>{esc(_use_by_rank(rows_of.get_group(name)))}</td>"
+            f"<td>{first}</td>"
+            f"<td style='text-align:right'>"
+            f"{fmt_number(f['spread']) if f['diverged'] else '—'}</td></tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("tensor", "used on", "values diverged",
+                                             "max relative spread"))
+    out = [f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"]
+    if len(flagged) > len(shown):
+        out.append(f"<p>and {len(flagged) - len(shown)} more.</p>")
+    return out
