@@ -13,7 +13,7 @@ from .wording import subject
 
 # Leaf names of the tensors ordinary layers own; anything else was added by hand (memory or
 # prompt tokens, LoRA factors, a class token), which is often exactly what was meant to train.
-LAYER_LEAVES = {"weight", "bias", "running_mean", "running_var", "num_batches_tracked",
+_LAYER_LEAVES = {"weight", "bias", "running_mean", "running_var", "num_batches_tracked",
                 "in_proj_weight", "in_proj_bias", "weight_g", "weight_v", "weight_orig"}
 
 
@@ -82,7 +82,7 @@ def _unchanged(table: pd.DataFrame, s: dict, same_file: bool,
 def _unchanged_message(label: str, group: pd.DataFrame, s: dict) -> str:
     """What an unchanged subtree means, naming the hand-added tensors in it: those are the
     ones most often meant to train, so they must not hide in a count."""
-    extras = [n for n in group["name"] if n.rsplit(".", 1)[-1] not in LAYER_LEAVES]
+    extras = [n for n in group["name"] if n.rsplit(".", 1)[-1] not in _LAYER_LEAVES]
     message = (f"{subject(label, group)} is bitwise identical in both checkpoints, while "
                f"{s['changed']} other tensor{'s' if s['changed'] != 1 else ''} changed: "
                "nothing trained it between these saves.")

@@ -61,7 +61,7 @@ def findings_html(cmp) -> str:
     return findings_table(cmp.findings)
 
 
-TABLE_COLUMNS = ("name", "status", "shape", "dtype", "bytes", "relative_change", "delta_norm",
+_TABLE_COLUMNS = ("name", "status", "shape", "dtype", "bytes", "relative_change", "delta_norm",
                  "norm_a", "max_abs_diff")
 
 
@@ -82,7 +82,7 @@ def table_styler(cmp, limit: int = 200):
         "bytes": shown["bytes"].map(human_bytes),
         **{c: shown[c].map(fmt_number) for c in ("relative_change", "delta_norm", "norm_a",
                                                   "max_abs_diff")},
-    }, columns=list(TABLE_COLUMNS)).reset_index(drop=True).astype(object)
+    }, columns=list(_TABLE_COLUMNS)).reset_index(drop=True).astype(object)
     view.loc[shown["relative_change"].to_numpy() == math.inf, "relative_change"] = "from 0"
     level = _status_severity(cmp)
     colours = [severity.COLORS[level[s]] for s in view["status"]]

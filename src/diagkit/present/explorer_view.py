@@ -21,7 +21,7 @@ from matplotlib.ticker import MaxNLocator
 from ..core import severity
 from ..core.format import fmt_shape, truncate_left
 
-MAX_LEGEND = 15      # above this many lines the legend is left out
+_MAX_LEGEND = 15      # above this many lines the legend is left out
 
 TABLE_HEAD = ("name", "verdicts", "module", "type", "shape", "requires grad",
               "optimizer / group", "lr", "used / steps")   # then the metric's own column
@@ -55,7 +55,7 @@ def figure(state, *, max_lines: int, ylabel: str) -> Figure:
     ax.set_ylabel(ylabel, fontsize=8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
-    if len(handles) <= MAX_LEGEND:
+    if len(handles) <= _MAX_LEGEND:
         # explicit labels: the legend would otherwise drop names starting with '_'
         ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig

@@ -21,19 +21,19 @@ from ..measure.aggregate import fold_ranks
 from .figure import axes, finish, label, no_data, verdict_text
 from .ranking import problems_first, row_severity
 
-PALETTE = ("tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:green", "tab:brown",
+_PALETTE = ("tab:red", "tab:orange", "tab:purple", "tab:blue", "tab:green", "tab:brown",
            "tab:pink", "tab:olive", "tab:cyan")  # flagged tensors: the worst one red
 
 
-CALM = ("tab:blue", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan",
+_CALM = ("tab:blue", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan",
         "tab:gray")  # nothing flagged: no alarming colours
 
 
-BAND = "0.55"
+_BAND = "0.55"
 
 
 # Verdicts whose .grad keeps growing: the figure points at them.
-ACCUMULATING = ("orphan", "grad_not_cleared")
+_ACCUMULATING = ("orphan", "grad_not_cleared")
 
 
 def _wide(steps: pd.DataFrame, columns: list[str]) -> dict[str, pd.DataFrame]:
@@ -57,13 +57,13 @@ def _band(ax, x, values: np.ndarray, what: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # steps where none has a value
         lo, mid, hi = np.nanquantile(values, [0.1, 0.5, 0.9], axis=1)
-    ax.fill_between(x, lo, hi, color=BAND, alpha=0.25, lw=0, label="_band")
-    ax.plot(x, mid, color=BAND, lw=1.6, label=f"{what} of {n} other tensor{'s' if n != 1 else ''}"
+    ax.fill_between(x, lo, hi, color=_BAND, alpha=0.25, lw=0, label="_band")
+    ax.plot(x, mid, color=_BAND, lw=1.6, label=f"{what} of {n} other tensor{'s' if n != 1 else ''}"
             " (median, band 10-90 %)")
 
 
 def _color(i: int, flagged: bool) -> str:
-    palette = PALETTE if flagged else CALM
+    palette = _PALETTE if flagged else _CALM
     return palette[i % len(palette)]
 
 
@@ -111,7 +111,7 @@ def grad_norm_figure(steps: pd.DataFrame, params: pd.DataFrame, top: int = 8) ->
     col = {n: i for i, n in enumerate(names)}
     has_data = names[data]
     largest = pd.Series(np.where(np.isfinite(pos_total), pos_total, 0).max(axis=0), index=names)
-    named, missing = _pick(params, has_data, largest, top, prefer=ACCUMULATING)
+    named, missing = _pick(params, has_data, largest, top, prefer=_ACCUMULATING)
     verdicts = _verdicts_of(params)
     x = total.index.to_numpy()
     ax.set_yscale("log", nonpositive="mask")
@@ -130,7 +130,7 @@ def _grad_lines(ax, x, lines: list, verdicts: dict) -> bool:
     (.grad norms, fresh norms)) in drawing order. Returns whether any dashed line was drawn, so
     that the legend explains the dashes only when there are some."""
     marker = "o" if len(x) <= 30 else None
-    growing = [n for n, vs in verdicts.items() if any(v in ACCUMULATING for v in vs)]
+    growing = [n for n, vs in verdicts.items() if any(v in _ACCUMULATING for v in vs)]
     dashed = False
     for i, (name, (y_total, y_fresh)) in enumerate(lines):
         vs = tuple(verdicts.get(name, ("ok",)))
