@@ -24,7 +24,7 @@ def validate(values: dict) -> dict:
 
 def run(settings: dict):
     """Load the target (and checkpoint) and diagnose it: what the notebook's run cell does."""
-    from .api import run_target  # the notebook's first call: keep `import` light
+    from .api import run_target  # torch only when a run starts: `diagkit report` validates first
     return run_target(settings["target"], settings["target_args"], steps=settings["steps"],
                       checkpoint=settings["checkpoint"] or None,
                       trust_checkpoint=settings["trust_checkpoint"], nproc=settings["nproc"],
