@@ -4,7 +4,6 @@ streaming memory; the compare notebook under papermill."""
 
 from __future__ import annotations
 
-import ast
 import json
 import math
 import shutil
@@ -13,7 +12,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import nbformat
 import papermill
 import pytest
 import torch
@@ -22,10 +20,9 @@ from papermill.exceptions import PapermillExecutionError
 from safetensors.torch import save_file
 
 from diagkit import DiagkitError
-from diagkit.core.options import DEFAULTS
 from diagkit.measure import checkpoint_diff
 from diagkit.present import comparison
-from diagkit.run import compare, contract
+from diagkit.run import compare
 from diagkit.present.text import comparison_text
 from diagkit.run.compare import compare_checkpoints
 
@@ -402,25 +399,6 @@ def _html(nb) -> str:
     return "".join(o.get("data", {}).get("text/html", "") for o in _outputs(nb))
 
 
-def test_notebook_has_one_parameters_cell_matching_the_contract():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-    assert len(tagged) == 1
-    declared = {n.target.id: (ast.unparse(n.annotation), ast.literal_eval(n.value))
-                for n in ast.parse(tagged[0].source).body}
-    contract_of = contract.parameters(contract.COMPARE)  # derived from that very cell
-    assert list(declared) == list(contract_of)
-    for name, (annotation, default) in declared.items():
-        p = contract_of[name]
-        spelled = " | ".join("None" if t is type(None) else t.__name__ for t in p.types)
-        assert annotation == spelled and default == p.default, name
-        if name in DEFAULTS:  # an option the library knows: the same default everywhere
-            assert default == DEFAULTS[name], name
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            assert cell.outputs == [] and cell.execution_count is None
-
-
 @pytest.mark.parametrize("cwd", ["repo", "elsewhere"])
 def test_notebook_runs_with_default_parameters(tmp_path, cwd):
     nb = _execute(tmp_path, REPO if cwd == "repo" else tmp_path,
@@ -471,18 +449,6 @@ def test_check_parameters_resolves_repo_paths_and_checks_types(tmp_path, monkeyp
     assert local == "data/meta_memory_step2.pt"  # found from the working folder first
     with pytest.raises(DiagkitError, match="'out_dir' must be str or None"):
         compare.check_parameters({"out_dir": 3})
-
-
-@pytest.mark.parametrize("bad, words", [
-    ({"stepz": 1}, ["unknown", "'stepz'", "checkpoint_a, checkpoint_b"]),
-    ({"checkpoint_a": None}, ["'checkpoint_a'", "must be str", "NoneType"]),
-    ({"trust_checkpoint": "yes"}, ["'trust_checkpoint'", "bool", "str"]),
-])
-def test_validate_rejects_bad_parameters(bad, words):
-    with pytest.raises(DiagkitError) as info:
-        compare.validate(bad)
-    for word in words:
-        assert word in str(info.value)
 
 
 def test_validate_fills_defaults():

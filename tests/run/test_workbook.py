@@ -12,7 +12,7 @@ from papermill.exceptions import PapermillExecutionError
 
 from diagkit import DiagkitError
 from diagkit.core.options import DEFAULTS
-from diagkit.run import contract, notebook
+from diagkit.run import compare, contract, notebook
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 
@@ -43,32 +43,38 @@ def test_one_parameters_cell_of_typed_commented_literals(path):
         assert "#" in line.split("=", 1)[1], f"uncommented: {line}"
 
 
-def test_diagnose_parameters_match_the_workbook_contract():
-    nb = nbformat.read(next(p for p in NOTEBOOKS if p.name == "diagnose.ipynb"), as_version=4)
+@pytest.mark.parametrize("name", [contract.DIAGNOSE, contract.COMPARE])
+def test_the_parameters_cell_is_the_contract(name):
+    nb = nbformat.read(next(p for p in NOTEBOOKS if p.name == name), as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     declared = {n.target.id: (ast.unparse(n.annotation), ast.literal_eval(n.value))
                 for n in ast.parse(cell.source).body}
-    contract_of = contract.parameters(contract.DIAGNOSE)  # derived from that very cell
+    contract_of = contract.parameters(name)  # derived from that very cell
     assert list(declared) == list(contract_of)
-    for name, (annotation, default) in declared.items():
-        p = contract_of[name]
+    for param, (annotation, default) in declared.items():
+        p = contract_of[param]
         spelled = " | ".join("None" if t is type(None) else t.__name__ for t in p.types)
-        assert annotation == spelled and default == p.default, name
-        if name in DEFAULTS:  # an option the library knows: the same default everywhere
-            assert default == DEFAULTS[name], name
+        assert annotation == spelled and default == p.default, param
+        assert p.help and p.help in cell.source, param  # the line's comment
+        if param in DEFAULTS:  # an option the library knows: the same default everywhere
+            assert default == DEFAULTS[param], param
 
 
-@pytest.mark.parametrize("bad, words", [
-    ({"bogus": 1}, ["unknown", "'bogus'", "target"]),
-    ({"steps": "5"}, ["'steps'", "int", "str"]),
-    ({"steps": 0}, ["'steps'", ">= 1"]),
-    ({"interactive": 1}, ["'interactive'", "bool"]),
-    ({"target_args": []}, ["'target_args'", "dict"]),
-    ({"steps": True}, ["'steps'", "int", "bool"]),
+@pytest.mark.parametrize("validate, bad, words", [
+    (notebook.validate, {"bogus": 1}, ["unknown", "'bogus'", "target"]),
+    (notebook.validate, {"steps": "5"}, ["'steps'", "int", "str"]),
+    (notebook.validate, {"steps": 0}, ["'steps'", ">= 1"]),
+    (notebook.validate, {"interactive": 1}, ["'interactive'", "bool"]),
+    (notebook.validate, {"target_args": []}, ["'target_args'", "dict"]),
+    (notebook.validate, {"steps": True}, ["'steps'", "int", "bool"]),
+    (notebook.validate, {"delta": "fast"}, ["'delta'", "exact, sampled, off"]),
+    (compare.validate, {"stepz": 1}, ["unknown", "'stepz'", "checkpoint_a, checkpoint_b"]),
+    (compare.validate, {"checkpoint_a": None}, ["'checkpoint_a'", "must be str", "NoneType"]),
+    (compare.validate, {"trust_checkpoint": "yes"}, ["'trust_checkpoint'", "bool", "str"]),
 ])
-def test_validate_rejects_bad_parameters(bad, words):
+def test_validate_rejects_bad_parameters(validate, bad, words):
     with pytest.raises(DiagkitError) as info:
-        notebook.validate(bad)
+        validate(bad)
     for word in words:
         assert word in str(info.value)
 
