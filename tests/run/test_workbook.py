@@ -120,3 +120,19 @@ def test_papermill_with_an_unknown_parameter_fails(tmp_path):
     with pytest.raises(PapermillExecutionError) as info:
         _run(path, tmp_path, target="diagkit.demos:clean", stepz=2)
     assert "DiagkitError" in info.value.ename and "stepz" in info.value.evalue
+
+
+def test_a_notebook_checks_itself_against_the_cell_it_ran(tmp_path, monkeypatch):
+    """Inside a kernel the contract is the parameters cell in IPython's history, so a copied
+    notebook works where the repository's copy is out of reach (an installed wheel)."""
+    monkeypatch.setenv("DIAGKIT_NOTEBOOKS", str(tmp_path))  # no notebook there
+    cell = 'steps: int = 5  # steps\nout_dir: str | None = ""  # where\n'
+    history = ["", cell, "# Parameters\nsteps = 2\n", "settings = check(globals())"]
+    settings = notebook.check_parameters({"In": history, "steps": 2, "out_dir": None})
+    assert settings == {"steps": 2, "out_dir": None}
+    with pytest.raises(DiagkitError, match="'stepz'"):
+        notebook.check_parameters({"In": history + ["# Parameters\nstepz = 2\n"], "steps": 2})
+    with pytest.raises(DiagkitError, match="'steps' must be a positive int"):
+        notebook.check_parameters({"In": history, "steps": 0})
+    with pytest.raises(DiagkitError, match="not found"):
+        notebook.check_parameters({})  # no history, no notebook: says where it looked

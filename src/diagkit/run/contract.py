@@ -61,18 +61,36 @@ def _parse(path: str, _mtime: int) -> dict[str, Parameter]:
     cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     if len(cells) != 1:
         raise DiagkitError(f"{path} must have exactly one cell tagged 'parameters'")
-    source = cells[0].source
+    return parse_cell(cells[0].source, path)
+
+
+def parse_cell(source: str, origin: str = "the parameters cell") -> dict[str, Parameter]:
+    """The parameters a parameters cell declares (one `name: type = literal  # help` a line)."""
     comments = {tok.start[0]: tok.string.lstrip("# ").strip()
                 for tok in tokenize.generate_tokens(io.StringIO(source).readline)
                 if tok.type == tokenize.COMMENT}
     out = {}
     for node in ast.parse(source).body:
         if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
-            raise DiagkitError(f"{path}: the parameters cell holds only `name: type = literal`")
+            raise DiagkitError(f"{origin}: the parameters cell holds only `name: type = literal`")
         name = node.target.id
         out[name] = Parameter(name, _annotation_types(node.annotation),
                               ast.literal_eval(node.value), comments.get(node.lineno, ""))
     return out
+
+
+def _from_history(namespace: dict) -> dict[str, Parameter] | None:
+    """The parameters cell as the running kernel executed it: the last cell in IPython's input
+    history that is a parameters cell. So a notebook checks itself against its own cell, with
+    or without the repository's copy of it at hand (an installed wheel, a copied notebook)."""
+    for source in reversed(namespace.get("In", []) or []):
+        if not isinstance(source, str) or not source.strip():
+            continue
+        try:
+            return parse_cell(source) or None
+        except (DiagkitError, SyntaxError, ValueError, tokenize.TokenError):
+            continue
+    return None
 
 
 def _annotation_types(node: ast.expr) -> tuple[type, ...]:
@@ -90,7 +108,10 @@ def _annotation_types(node: ast.expr) -> tuple[type, ...]:
 def validate(values: dict, notebook: str = DIAGNOSE) -> dict:
     """Check names and types against a notebook's parameters; return all of them, defaults
     filled in (what `diagkit report` checks before it starts a kernel)."""
-    declared = parameters(notebook)
+    return _validate(values, parameters(notebook))
+
+
+def _validate(values: dict, declared: dict[str, Parameter]) -> dict:
     _refuse_unknown(values, declared)
     out = {}
     for name, p in declared.items():
@@ -107,15 +128,16 @@ def validate(values: dict, notebook: str = DIAGNOSE) -> dict:
 
 def check_parameters(namespace: dict, notebook: str = DIAGNOSE) -> dict:
     """Called by a notebook right after its parameters: reject names papermill injected but
-    the notebook does not declare, and wrong values, before any work starts."""
-    declared = parameters(notebook)
+    the notebook does not declare, and wrong values, before any work starts. The contract is
+    the parameters cell the kernel ran, else the shipped notebook's."""
+    declared = _from_history(namespace) or parameters(notebook)
     injected: dict = {}
     for source in namespace.get("In", []) or []:
         if isinstance(source, str) and source.startswith(_INJECTED_HEADER):
             injected.update(_assigned_names(source))
     _refuse_unknown(injected, declared)
-    return validate({name: namespace[name] for name in declared if name in namespace},
-                    notebook)
+    return _validate({name: namespace[name] for name in declared if name in namespace},
+                     declared)
 
 
 def _refuse_unknown(values: dict, declared: dict) -> None:
