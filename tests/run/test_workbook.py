@@ -3,6 +3,7 @@ parameters rejected, and every notebook executes headless under papermill."""
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -136,3 +137,13 @@ def test_a_notebook_checks_itself_against_the_cell_it_ran(tmp_path, monkeypatch)
         notebook.check_parameters({"In": history, "steps": 0})
     with pytest.raises(DiagkitError, match="not found"):
         notebook.check_parameters({})  # no history, no notebook: says where it looked
+
+
+def test_readme_parameter_table_is_the_notebook_cell():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## The workbook"):readme.index("## The result")]
+    rows = re.findall(r"^\| `(\w+)` \| `(.*?)` \| .* \|$", section, re.M)
+    declared = contract.parameters(contract.DIAGNOSE)
+    assert [name for name, _ in rows] == list(declared)
+    for name, default in rows:
+        assert ast.literal_eval(default) == declared[name].default, name
