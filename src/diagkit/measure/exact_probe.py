@@ -3,6 +3,7 @@ tensors' bytes (see `diagkit.measure.probes` for the protocol every probe follow
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -52,16 +53,15 @@ class ExactProbe:
             spare = None
             if cur.nbytes <= budget:
                 spare, budget = self.buckets.matrix(g), budget - cur.nbytes
-            group = {"g": g, "js": [j_of[k] for k in ks], "cur": cur, "spare": spare,
-                     "next_norm": None, "members": [self.tensors[k] for k in ks]}
+            group = _Group(g, [j_of[k] for k in ks], [self.tensors[k] for k in ks], cur, spare)
             self._groups.append(group)
         # Where a grouped tensor's row lives; its snapshot is that row of the group's `cur`.
-        self._row = {j: (group, r) for group in self._groups for r, j in enumerate(group["js"])}
+        self._row = {j: (group, r) for group in self._groups for r, j in enumerate(group.js)}
         self._loose = [j for j in range(len(self.float_pos)) if j not in self._row]
         grouped = {self.float_pos[j] for j in self._row}
         self._ungrouped = [p for p in range(len(tensors)) if p not in grouped]
         # The order in which per-tensor norms are queued: group by group, then the rest.
-        self._order = np.array([j for group in self._groups for j in group["js"]] + self._loose,
+        self._order = np.array([j for group in self._groups for j in group.js] + self._loose,
                                dtype=np.int64)
         at = np.array(self.indices, dtype=np.int64)
         # The table row of each queued norm.
@@ -81,7 +81,7 @@ class ExactProbe:
         """Float tensor j's snapshot: its value before the step until `end()`, then its change."""
         if j in self._row:
             group, r = self._row[j]
-            return group["cur"][r]
+            return group.cur[r]
         return self._before[self.float_pos[j]]
 
     def detach(self) -> None:
@@ -93,13 +93,13 @@ class ExactProbe:
         norms = []
         with torch.no_grad():
             for group in self._groups:
-                if consecutive and group["next_norm"] is not None:
-                    group["cur"], group["spare"] = group["spare"], group["cur"]
-                    norms.append(group["next_norm"])
+                if consecutive and group.next_norm is not None:
+                    group.cur, group.spare = group.spare, group.cur
+                    norms.append(group.next_norm)
                 else:
-                    torch.stack(group["members"], out=group["cur"])
-                    norms.append(kernels.row_norms(group["cur"]))
-                group["next_norm"] = None
+                    torch.stack(group.members, out=group.cur)
+                    norms.append(kernels.row_norms(group.cur))
+                group.next_norm = None
             ahead, self._ahead = (self._ahead if consecutive else {}), {}
             taken = {self.float_pos[j] for j in ahead}
             copy = [p for p in self._ungrouped if p not in taken] if taken else self._ungrouped
@@ -114,13 +114,13 @@ class ExactProbe:
         with torch.no_grad():
             changes = []
             for group in self._groups:  # each group's passes back to back, while it is cached
-                after = group["spare"]
+                after = group.spare
                 if after is not None:
-                    torch.stack(group["members"], out=after)
-                    group["next_norm"] = kernels.row_norms(after)
+                    torch.stack(group.members, out=after)
+                    group.next_norm = kernels.row_norms(after)
                 else:
-                    after = self.buckets.stacked(group["g"], group["members"])
-                changes.append(kernels.row_norms(group["cur"].sub_(after)))
+                    after = self.buckets.stacked(group.g, group.members)
+                changes.append(kernels.row_norms(group.cur.sub_(after)))
             self._checked = sorted(self._expect_zero)
             self._nan_checked = sorted(self._expect_nan)
             if self._loose:
@@ -218,6 +218,21 @@ class ExactProbe:
         others = self._other_at
         delta[others] = 0.0
         changed[others] = got[f"{tag}.other"] != 0
+
+
+@dataclasses.dataclass(slots=True)
+class _Group:
+    """One bucket group's snapshot: its members (`js`: positions in `float_pos`, `members`:
+    the tensors), `cur` the (count, *shape) snapshot of the values before the step, `spare` a
+    second buffer the end of a step stacks the values into (then the next step's snapshot:
+    the two swap; None past the ping-pong budget), `next_norm` its row norms once taken."""
+
+    g: int
+    js: list[int]
+    members: list[torch.Tensor]
+    cur: torch.Tensor
+    spare: torch.Tensor | None
+    next_norm: torch.Tensor | None = None
 
 
 def _slab(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
