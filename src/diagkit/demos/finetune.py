@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.errors import TargetError
+from ..core.shipped import shipped
 from .common import decay_groups
 
 CHECKPOINT_NAME = "finetune_heads_pretrain.pt"
@@ -75,7 +76,7 @@ def build_pretrain_state(seed: int = 0, steps: int = 3) -> dict[str, torch.Tenso
 
 
 def default_checkpoint() -> Path:
-    return Path(__file__).resolve().parents[3] / "data" / CHECKPOINT_NAME
+    return shipped("data") / CHECKPOINT_NAME
 
 
 def finetune_heads(steps: int = 5, seed: int = 0, checkpoint: str | None = None,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..core.files import write_json_atomic, write_text_atomic
 from ..core.result import Comparison
+from ..core.shipped import shipped
 from ..judge.comparison import comparison_findings
 from ..measure.checkpoint_diff import diff_checkpoints
 from . import contract
@@ -71,12 +72,13 @@ def check_parameters(namespace: dict) -> dict:
 
 
 def _resolve_path(path: str) -> str:
-    """`path` as given if it exists from here (or is absolute); else the repository's file of
-    that relative name when there is one."""
+    """`path` as given if it exists from here (or is absolute); else the shipped demo file of
+    that name when there is one (`data/meta_memory_step2.pt`, the notebook's default)."""
     if not path or Path(path).is_absolute() or Path(path).exists():
         return path
-    candidate = contract.REPO / path
-    return str(candidate) if candidate.exists() else path
+    parts = Path(path).parts
+    candidate = shipped("data").joinpath(*parts[1:]) if parts[0] == "data" else None
+    return str(candidate) if candidate is not None and candidate.is_file() else path
 
 
 def run(settings: dict) -> Comparison:

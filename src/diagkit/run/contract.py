@@ -22,8 +22,8 @@ import nbformat
 
 from ..core.errors import DiagkitError
 from ..core.options import CHECKS, check_option
+from ..core.shipped import shipped
 
-REPO = Path(__file__).resolve().parents[3]
 DIAGNOSE = "diagnose.ipynb"
 COMPARE = "compare_checkpoints.ipynb"
 _INJECTED_HEADER = "# Parameters"  # papermill's injected cell starts with this comment
@@ -40,12 +40,12 @@ class Parameter:
 
 
 def notebook_path(name: str = DIAGNOSE) -> Path:
-    """The workbook shipped in the repository's notebooks/ folder (or $DIAGKIT_NOTEBOOKS)."""
-    folder = Path(os.environ.get("DIAGKIT_NOTEBOOKS") or REPO / "notebooks")
+    """A notebook diagkit ships (`diagkit.core.shipped`), or one in $DIAGKIT_NOTEBOOKS."""
+    folder = Path(os.environ.get("DIAGKIT_NOTEBOOKS") or shipped("notebooks"))
     path = folder / name
     if not path.is_file():
-        raise DiagkitError(f"notebook {path} not found: install diagkit from its repository "
-                           "(pip install -e .) or set DIAGKIT_NOTEBOOKS to its notebooks folder")
+        raise DiagkitError(f"notebook {path} not found: set DIAGKIT_NOTEBOOKS to a folder "
+                           "holding diagkit's notebooks")
     return path
 
 
