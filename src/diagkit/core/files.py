@@ -42,9 +42,14 @@ def _replace_dir(tmp: Path, target: Path) -> None:
         os.replace(tmp, target)
 
 
+def json_text(payload) -> str:
+    """Strict JSON text (see `to_jsonable`), as every diagkit JSON file holds it."""
+    return json.dumps(to_jsonable(payload), indent=2, allow_nan=False)
+
+
 def write_json_atomic(path, payload) -> None:
     """Strict JSON (see `to_jsonable`), written atomically."""
-    write_text_atomic(path, json.dumps(to_jsonable(payload), indent=2, allow_nan=False))
+    write_text_atomic(path, json_text(payload))
 
 
 def to_jsonable(obj):

@@ -16,8 +16,8 @@ import pandas as pd
 
 from . import severity
 from .errors import DiagkitError
-from .files import (check_replaceable_dir, from_parquet, records, to_jsonable, to_parquet,
-                    write_dir_atomic)
+from .files import (check_replaceable_dir, from_parquet, json_text, records, to_jsonable,
+                    to_parquet, write_dir_atomic)
 from .format import human_bytes
 
 _FORMAT_VERSION = 1
@@ -215,4 +215,4 @@ class Comparison(_Judged):
 
 
 def _write_json(path: Path, payload) -> None:
-    path.write_text(json.dumps(to_jsonable(payload), indent=2, allow_nan=False))
+    path.write_text(json_text(payload))  # inside the scratch folder save() swaps in whole

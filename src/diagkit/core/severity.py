@@ -28,6 +28,11 @@ def rank(severity: str) -> int:
     return RANK.get(severity, 0)
 
 
+def named(level_rank: int) -> str:
+    """The severity of a rank (the inverse of `rank`): 3 -> 'error', ..., 0 -> 'ok'."""
+    return ORDER[len(LEVELS) - int(level_rank)]
+
+
 def worst(severities: Iterable[str]) -> str | None:
     """The highest of `severities`, or None when there are none."""
     return max(severities, key=rank, default=None)

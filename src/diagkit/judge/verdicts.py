@@ -15,7 +15,6 @@ from . import rules_use, rules_change, rules_groups, rules_ranks  # noqa: F401  
 from .verdict import REGISTRY, Verdict
 
 VERDICTS: dict[str, Verdict] = REGISTRY
-SEVERITY = {name: v.severity for name, v in VERDICTS.items()}
 
 
 def severity_of(verdict: str) -> str:

@@ -129,6 +129,7 @@ class Observer:
 
     @property
     def attached(self) -> bool:
+        """Whether any hook is set (False once the `with` block is left)."""
         return bool(self._handles)
 
     def progress(self, event: str) -> None:

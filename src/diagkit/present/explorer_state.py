@@ -275,7 +275,7 @@ class ExplorerState:
                     index=pd.Index([], name="step"),
                     columns=pd.MultiIndex.from_arrays([[], []], names=[None, "name"]))
             else:
-                s = fold_ranks(s).drop_duplicates(["step", "name"], keep="first")
+                s = fold_ranks(s)  # one row per (step, tensor)
                 cols = {m: (pd.to_numeric(s[m], errors="coerce").to_numpy(dtype=float)
                             if m in s else np.full(len(s), np.nan)) for m in METRICS}
                 index = pd.MultiIndex.from_arrays(

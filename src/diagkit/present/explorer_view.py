@@ -116,7 +116,7 @@ def table_html(state, limit: int = 50) -> str:
     for i in rows_idx:
         row = state.params.iloc[i]
         cells = _cells(row, state._verdicts[i], state.metric, row["name"] in selected)
-        level = severity.ORDER[len(severity.LEVELS) - int(state._rank[i])]
+        level = severity.named(state._rank[i])
         color = "transparent" if level == "ok" else severity.COLORS[level][1]
         out.append(f"<tr style='border-left:4px solid {color}'>" + "".join(
             f"<td style='padding:2px 6px'>{c}</td>" for c in cells) + "</tr>")

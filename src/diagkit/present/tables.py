@@ -130,8 +130,7 @@ def module_rollup(params: pd.DataFrame, depth: int = 1) -> pd.DataFrame:
                      key=lambda v: (-severity.rank(severity_of(v)), list(VERDICTS).index(v)
                                     if v in VERDICTS else len(VERDICTS), v))
     out = out.join(per_verdict.reindex(columns=present)).fillna(0)
-    out["worst"] = out["rank"].map(
-        {severity.rank(s): s for s in severity.ORDER}).fillna("ok").astype(object)
+    out["worst"] = out["rank"].map(severity.named).astype(object)
     out = out.sort_values(["rank", "problem_bytes", "bytes"], ascending=False, kind="stable")
     columns = ["tensors", "bytes", "trainable", "worst"] + present
     out = out[columns].astype({c: np.int64 for c in columns if c != "worst"})

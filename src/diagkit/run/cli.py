@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(argv)
     except DiagkitError as exc:
-        print(f"diagkit: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"diagkit: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("diagkit: interrupted", file=sys.stderr)
@@ -122,13 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a diagkit bug: still one line, the traceback on request
         if os.environ.get("DIAGKIT_DEBUG"):
             raise
-        print(f"diagkit: internal error: {type(exc).__name__}: {_one_line(exc)} "
+        print(f"diagkit: internal error: {type(exc).__name__}: {one_line(exc)} "
               "(set DIAGKIT_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
         return EXIT_USAGE
-
-
-def _one_line(exc: Exception) -> str:
-    return one_line(exc)
 
 
 def _run(argv) -> int:
