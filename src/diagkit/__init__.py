@@ -1,5 +1,6 @@
 """diagkit: find mis-wired parameters in PyTorch training.
 
+    w = diagkit.watch(model, optimizer, steps=20)   # inside the user's own training loop
     diag = diagkit.diagnose(model, optimizer, batch_fn=..., loss_fn=..., steps=5)
     diag.params, diag.steps, diag.findings, diag.advice
 
@@ -15,6 +16,7 @@ from .core.version import VERSION as __version__
 from .judge.verdicts import VERDICTS
 from .run.api import diagnose
 from .run.target import Setup, load_target
+from .run.watch import watch
 
-__all__ = ["diagnose", "load_target", "Setup", "Diagnosis", "Finding", "load", "VERDICTS",
+__all__ = ["watch", "diagnose", "load_target", "Setup", "Diagnosis", "Finding", "load", "VERDICTS",
            "DiagkitError", "__version__"]

@@ -14,11 +14,12 @@ DELTA_MODES = ("exact", "sampled", "off")
 
 DEFAULTS = {
     "steps": 5,        # training steps to observe
+    "watch_steps": 20,  # optimizer steps `watch` observes in the user's own run
     "delta": "exact",  # how each step's change is measured (DELTA_MODES)
     "every": 1,        # observe every k-th step only
     "sample": 4096,    # elements sampled per large tensor (delta="sampled")
     "nproc": 1,        # processes of a torch.distributed job
-    "timeout": 120,    # seconds before a distributed run is ended
+    "timeout": 120,    # seconds before a distributed run is ended; watch: for the ranks
     "fail_on": "error",
 }
 

@@ -1,0 +1,112 @@
+"""Training steps of a loop diagkit does not run, told by the optimizers' own step hooks.
+
+A step is one optimizer step: it ends when every watched optimizer has stepped since the last
+step ended (each once in the usual loop; one optimizer stepping again first just makes that
+step longer). So accumulation over micro-batches, `model.zero_grad()` or no zeroing at all,
+clipping, schedulers and a loss scaler (whose skipped steps never call `optimizer.step()`) all
+count as the user's loop counts them. Step `i` is observed when `i % every == 0`: the
+observer's step begins right after step `i - 1` ended, so it sees the whole of step `i`
+(zeroing, forward, backward, the optimizer's update).
+
+The clock never raises into the user's loop: if observing a step fails, it stops observing,
+keeps the steps before, and reports the error through `on_done`.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+
+import torch
+
+from .observer import Observer
+
+
+class StepClock:
+    """Counts the optimizer steps of `optimizers` and brackets the observed ones for
+    `observer`. `on_step(index)` after each observed step; `on_done(error)` once, after
+    `steps` observed steps (error None) or when observing failed (error: (message, traceback))."""
+
+    def __init__(self, observer: Observer, optimizers: list[torch.optim.Optimizer], *,
+                 steps: int, every: int, on_step: Callable[[int], None],
+                 on_done: Callable[[tuple[str, str] | None], None]):
+        self.obs, self.optimizers = observer, optimizers
+        self.steps, self.every = steps, every
+        self.on_step, self.on_done = on_step, on_done
+        self.count = 0          # optimizer steps completed since the clock started
+        self.observed = 0       # of them, observed
+        self.observing = False  # the observer's step is open
+        self._stepped: set[int] = set()
+        self._handles: list[tuple[int, object]] = []  # (optimizer, handle)
+        self._in_hook: int | None = None  # the optimizer whose post-hook is running
+
+    def start(self) -> None:
+        """Set the step hooks and open step 0 (it begins now)."""
+        for i, opt in enumerate(self.optimizers):
+            self._handles.append((i, opt.register_step_post_hook(self._hook(i))))
+        self._open(0, consecutive=False)
+
+    def stop(self) -> None:
+        """Remove the hooks; a step still open is dropped (it never finished).
+
+        Called from inside one of its own hooks (the last observed step), that hook cannot be
+        taken out of its optimizer's hook dict while torch iterates it if a later hook follows
+        it there: it is made inert instead and removed by the next `stop()`.
+        """
+        keep = []
+        for i, handle in self._handles:
+            hooks = handle.hooks_dict_ref()
+            if i == self._in_hook and hooks is not None and handle.id in hooks \
+                    and next(reversed(hooks)) != handle.id:
+                hooks[handle.id] = _inert
+                keep.append((i, handle))
+            else:
+                handle.remove()
+        self._handles = keep
+        if self.observing:
+            self.observing = False
+            self.obs.abort_step()
+
+    @property
+    def hooks_left(self) -> int:
+        """Hooks of the clock still in an optimizer (0 once stopped outside its own hooks)."""
+        return len(self._handles)
+
+    def _hook(self, i: int) -> Callable:
+        def hook(*_args):
+            self._stepped.add(i)
+            if len(self._stepped) == len(self.optimizers):
+                self._stepped.clear()
+                self._in_hook = i
+                try:
+                    self._tick()
+                finally:
+                    self._in_hook = None
+        return hook
+
+    def _tick(self) -> None:
+        """A step ended: record it if observed, then open the next observed one."""
+        try:
+            index, was_observing = self.count, self.observing
+            self.count += 1
+            if was_observing:
+                self.observing = False
+                self.obs.end_step()
+                self.observed += 1
+                self.on_step(index)
+                if self.observed >= self.steps:
+                    self.on_done(None)
+                    return
+            if self.count % self.every == 0:
+                self._open(self.count, consecutive=was_observing)
+        except Exception as exc:  # never into the user's loop: stop, keep what was recorded
+            self.observing = False
+            self.on_done((f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+
+    def _open(self, index: int, consecutive: bool) -> None:
+        self.obs.begin_step(index, consecutive=consecutive)
+        self.observing = True
+
+
+def _inert(*_args) -> None:
+    """Stands in for a removed hook until torch has finished iterating its hook dict."""

@@ -1,0 +1,63 @@
+"""The objects under the wrappers users hold: DDP, DataParallel and `torch.compile` modules,
+accelerate's `AcceleratedOptimizer`, Lightning's `LightningOptimizer`.
+
+`watch` is handed what the user's loop holds. Tensors are found by identity, so any wrapper
+that keeps the same parameter objects is seen through; hooks go on the innermost optimizer,
+because that is the one whose `step()` runs (a wrapper's own `step()` may skip it, as
+accelerate's does on a step its scaler skipped or while accumulating). Duck-typed: no framework
+is imported. peft models are modules whose own names (`base_model.model.…`) are kept.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.errors import DiagkitError
+
+# attribute -> what a module wrapper keeps its wrapped module in
+_MODULE_WRAPPERS = {"DistributedDataParallel": "module", "DataParallel": "module",
+                    "OptimizedModule": "_orig_mod"}
+
+
+def unwrap_model(model) -> tuple[torch.nn.Module, list[str]]:
+    """The innermost module, and the wrappers' class names from the outside in."""
+    if not isinstance(model, torch.nn.Module):
+        raise DiagkitError(f"watch needs the model as a torch.nn.Module, got {type(model).__name__}")
+    wrappers = []
+    while type(model).__name__ in _MODULE_WRAPPERS:
+        inner = getattr(model, _MODULE_WRAPPERS[type(model).__name__], None)
+        if not isinstance(inner, torch.nn.Module):
+            break
+        wrappers.append(type(model).__name__)
+        model = inner
+    return model, wrappers
+
+
+def unwrap_optimizers(optimizer_or_list) -> list[torch.optim.Optimizer]:
+    """The torch optimizers under what was passed: one, or a list/tuple of them."""
+    items = (list(optimizer_or_list) if isinstance(optimizer_or_list, (list, tuple))
+             else [optimizer_or_list])
+    if not items:
+        raise DiagkitError("watch needs at least one optimizer")
+    found = []
+    for item in items:
+        opt = _innermost(item)
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise DiagkitError("watch needs torch optimizers (or wrappers of one), got "
+                               f"{type(item).__name__}")
+        if any(opt is seen for seen in found):
+            raise DiagkitError("the same optimizer was passed twice")
+        found.append(opt)
+    return found
+
+
+def _innermost(opt):
+    """Follow `.optimizer` (accelerate) and `._optimizer` (Lightning) to the torch optimizer."""
+    for _ in range(8):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None or inner is opt:
+            inner = getattr(opt, "_optimizer", None)
+        if inner is None or inner is opt or not hasattr(inner, "param_groups"):
+            return opt
+        opt = inner
+    return opt

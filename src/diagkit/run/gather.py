@@ -1,0 +1,83 @@
+"""Every rank's observations to rank 0, through the user's own process group.
+
+Each rank publishes what it observed as it goes (its steps, one table per observed step, and at
+its end its status) to the process group's key-value store: the rendezvous store that
+torch.distributed itself uses, reachable from every node whatever the backend. Rank 0 then
+collects. Going through the store rather than a collective means that a rank that died or hangs
+cannot block rank 0 beyond `timeout`: rank 0 keeps every step each rank published, and names
+the ranks it did not hear from.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import pandas as pd
+import torch.distributed as dist
+
+from ..core.errors import DiagkitError
+
+_SERIAL = {"n": 0}  # watches started by this process; every rank starts them in the same order
+
+
+class RankChannel:
+    """One watch's key space in the store: `diagkit/watch<serial>/r<rank>/...`."""
+
+    def __init__(self):
+        try:
+            self.store = dist.distributed_c10d._get_default_store()
+        except Exception as exc:  # private API: absent in some torch, or no default group
+            raise DiagkitError(f"cannot reach the process group's store to gather the ranks: "
+                               f"{type(exc).__name__}: {exc}") from None
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.prefix = f"diagkit/watch{_SERIAL['n']}"
+        _SERIAL["n"] += 1
+        self.published = 0
+
+    def _key(self, rank: int, what: str) -> str:
+        return f"{self.prefix}/r{rank}/{what}"
+
+    def publish_step(self, table: pd.DataFrame) -> None:
+        """One observed step of this rank (its rows with `rank` and `checksum`)."""
+        self.store.set(self._key(self.rank, f"step{self.published}"), pickle.dumps(table))
+        self.published += 1
+        self.store.add(self._key(self.rank, "ready"), 1)  # counted only once the step is there
+
+    def finish(self, status: dict) -> None:
+        """This rank is done observing: `status` says how it ended."""
+        self.store.set(self._key(self.rank, "status"), pickle.dumps(status))
+
+    def collect(self, timeout: float) -> tuple[list[pd.DataFrame], dict[int, dict | None]]:
+        """(every published step table of every rank, each rank's status or None): rank 0 waits
+        up to `timeout` seconds for the other ranks' statuses."""
+        deadline = time.monotonic() + timeout
+        pending = [r for r in range(self.world)]
+        while pending:
+            pending = [r for r in pending if not self.store.check([self._key(r, "status")])]
+            if not pending or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        tables, statuses = [], {}
+        for r in range(self.world):
+            ready = self.store.add(self._key(r, "ready"), 0)
+            tables += [pickle.loads(self.store.get(self._key(r, f"step{i}")))
+                       for i in range(ready)]
+            statuses[r] = (pickle.loads(self.store.get(self._key(r, "status")))
+                           if r not in pending else None)
+        return tables, statuses
+
+    def clear(self) -> None:
+        """Free the keys rank 0 has read (the store lives as long as the job)."""
+        for r in range(self.world):
+            steps = self.store.add(self._key(r, "ready"), 0)
+            for what in ["ready", "status", *(f"step{i}" for i in range(steps))]:
+                try:
+                    self.store.delete_key(self._key(r, what))
+                except Exception:  # a store without delete (e.g. FileStore on some torch)
+                    return
+
+
+def distributed() -> bool:
+    """Whether this process is a rank of an initialised process group."""
+    return dist.is_available() and dist.is_initialized()

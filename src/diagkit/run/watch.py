@@ -1,0 +1,187 @@
+"""`diagkit.watch`: observe the user's own training run in place (README, "Diagnose your real
+training run").
+
+    w = diagkit.watch(model, optimizer, steps=20, out="diag/")
+    ... the user's loop, unchanged ...
+    w.diagnosis            # a normal Diagnosis once `steps` optimizer steps were observed
+
+The optimizers' step hooks tell the steps (`diagkit.measure.step_clock`); after `steps` observed
+steps every hook is removed and the result is judged as `diagnose` judges. Under an initialised
+process group every rank observes and rank 0 gathers them (`diagkit.run.gather`). Nothing it
+does changes training: it only reads tensors, never writes them, and never raises into the loop.
+"""
+
+from __future__ import annotations
+
+import atexit
+import time
+import warnings
+import weakref
+from pathlib import Path
+
+import torch
+
+from ..core.errors import DiagkitError
+from ..core.files import check_replaceable_dir
+from ..core.options import DEFAULTS, check_run_options
+from ..core.result import Diagnosis, StepFailure
+from ..measure.inventory import take_inventory
+from ..measure.observer import Observer
+from ..measure.step_clock import StepClock
+from ..measure.unwrap import unwrap_model, unwrap_optimizers
+from .gather import RankChannel, distributed
+from .pipeline import Observation, judge_observation
+from .watch_ranks import assemble, ddp_facts
+
+
+def watch(model, optimizer_or_list, *, steps: int = DEFAULTS["watch_steps"],
+          every: int = DEFAULTS["every"], delta: str = DEFAULTS["delta"],
+          sample: int = DEFAULTS["sample"], out=None,
+          timeout: float = DEFAULTS["timeout"]) -> "Watch":
+    """Observe the next `steps` observed optimizer steps of the user's own loop (steps 0,
+    every, 2*every, ... counted from now), then detach and judge.
+
+    `model`, `optimizer_or_list`: as the loop holds them (DDP, DataParallel, `torch.compile`,
+    accelerate and Lightning wrappers are seen through). `out`: a folder the diagnosis is saved
+    to (`diagkit.load`); under a process group only rank 0 writes it. `timeout`: seconds rank 0
+    waits at the end for the other ranks' observations.
+    """
+    return Watch(model, optimizer_or_list, steps=steps, every=every, delta=delta,
+                 sample=sample, out=out, timeout=timeout)
+
+
+class Watch:
+    """A watch in progress or done. `diagnosis`: the result (None on ranks other than 0);
+    `stop()` ends it early; as a context manager it ends at the block's exit."""
+
+    def __init__(self, model, optimizer_or_list, *, steps, every, delta, sample, out, timeout):
+        check_run_options(steps=steps, delta=delta, every=every, sample=sample)
+        inner, self.wrappers = unwrap_model(model)
+        optimizers = unwrap_optimizers(optimizer_or_list)
+        self.out = None if out is None else Path(out)
+        if self.out is not None:
+            check_replaceable_dir(self.out, marker="run.json")  # fail now, not after training
+        self.inventory = take_inventory(inner, optimizers)
+        if not self.inventory.tensors:
+            raise DiagkitError("the model has no parameters and the optimizers hold none: "
+                               "nothing to watch")
+        self.channel = RankChannel() if distributed() else None
+        self.timeout, self.delta, self.every, self.steps = timeout, delta, every, steps
+        self._ddp = model if "DistributedDataParallel" in self.wrappers else None
+        self.observer = Observer(self.inventory, optimizers, delta=delta, sample=sample,
+                                 checksums=self.channel is not None)
+        self.clock = StepClock(self.observer, optimizers, steps=steps, every=every,
+                               on_step=self._published, on_done=self._done)
+        self._diagnosis: Diagnosis | None = None
+        self._finished = False
+        self._started = time.perf_counter()
+        self.observer.attach()
+        try:
+            self.clock.start()
+        except BaseException:
+            self.observer.detach()
+            raise
+        _at_exit(self)
+
+    # ------------------------------------------------------------------ the user's side
+    @property
+    def done(self) -> bool:
+        """Whether observing has ended (every hook removed, the result judged)."""
+        return self._finished
+
+    @property
+    def diagnosis(self) -> Diagnosis | None:
+        """The result; reading it before the watch ended ends it (as `stop()`)."""
+        if not self._finished:
+            self.stop()
+        return self._diagnosis
+
+    def stop(self) -> Diagnosis | None:
+        """End observing now (a step still in progress is dropped) and judge what was seen.
+        Under a process group every rank must stop (training ending does it for them)."""
+        self._finish(None)
+        if self.clock.hooks_left:  # an inert hook left by ending inside it
+            self.clock.stop()
+        return self._diagnosis
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "done" if self._finished else f"watching ({self.clock.observed} of " \
+                                              f"{self.steps} steps observed)"
+        return f"<diagkit.Watch {len(self.inventory.tensors)} tensors, {state}>"
+
+    # ------------------------------------------------------------------ from the hooks
+    def _published(self, index: int) -> None:
+        """An observed step was recorded: under a process group, publish it for rank 0."""
+        if self.channel is not None:
+            table = self.observer.step_table(index)
+            table.insert(0, "rank", self.channel.rank)
+            self.channel.publish_step(table)
+
+    def _done(self, error: tuple[str, str] | None) -> None:
+        self._finish(error)
+
+    def _finish(self, error: tuple[str, str] | None) -> None:
+        """Detach everything, then (rank 0) gather, judge and save. Never raises into the
+        loop: a result that cannot be saved is a warning, and stays in `diagnosis`."""
+        if self._finished:
+            return
+        self._finished = True
+        self.clock.stop()
+        self.observer.detach()
+        failure = None if error is None else StepFailure(
+            step=self.clock.count, error=f"diagkit stopped observing: {error[0]}",
+            traceback=error[1])
+        meta = self._meta()
+        if self.channel is not None:
+            self.channel.finish({"failure": failure, "observed": self.clock.observed,
+                                 "optimizer_steps": self.clock.count})
+            if self.channel.rank != 0:
+                self._release()
+                return
+            steps, failure, ranks = assemble(self.channel, self.timeout, failure)
+            meta.update(ranks=ranks, nproc=self.channel.world,
+                        backend=str(torch.distributed.get_backend()))
+        else:
+            steps = self.observer.steps_table()
+        self._release()
+        observation = Observation(self.inventory.rows, steps, failure, meta)
+        self._diagnosis = judge_observation(observation, ddp=ddp_facts(self._ddp))
+        self._save()
+
+    def _release(self) -> None:
+        """Drop the observer: its buffers and records go with it (nothing is left behind)."""
+        self.observer = self.clock.obs = None
+
+    def _meta(self) -> dict:
+        return {"loop": "watch", "steps_requested": self.steps, "delta": self.delta,
+                "every": self.every, "optimizer_steps": self.clock.count,
+                "wrappers": self.wrappers, "losses": [], "restored": False,
+                "seconds": round(time.perf_counter() - self._started, 4),
+                "torch": torch.__version__}
+
+    def _save(self) -> None:
+        if self.out is None:
+            return
+        try:
+            self._diagnosis.save(self.out)
+        except (OSError, DiagkitError) as exc:
+            warnings.warn(f"diagkit: could not save the diagnosis to {self.out}: {exc} "
+                          "(it is still in Watch.diagnosis)", stacklevel=2)
+
+
+def _at_exit(w: Watch) -> None:
+    """A run that ends before `steps` were observed still gets its result when the process
+    exits (and `out` written), without keeping the watch alive."""
+    ref = weakref.ref(w)
+
+    def finish():
+        live = ref()
+        if live is not None and not live.done:
+            live.stop()
+    atexit.register(finish)

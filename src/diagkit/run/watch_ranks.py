@@ -1,0 +1,56 @@
+"""Rank 0's side of a watch under a process group: one steps table from every rank's
+published steps, one failure naming the ranks it did not hear from, and what DDP reports."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..core.result import StepFailure
+from ..core.schema import STEPS_COLUMNS
+from .gather import RankChannel
+
+
+def assemble(channel: RankChannel, timeout: float, own: StepFailure | None
+             ) -> tuple[pd.DataFrame, StepFailure | None, dict[int, dict]]:
+    """(steps with `rank` and `checksum`, the run's failure, each rank's state)."""
+    tables, statuses = channel.collect(timeout)
+    channel.clear()
+    steps = (pd.concat(tables, ignore_index=True).sort_values(["step", "rank"], kind="stable",
+                                                            ignore_index=True)
+             if tables else pd.DataFrame(columns=["rank", *STEPS_COLUMNS, "checksum"]))
+    published = steps.groupby("rank")["step"].nunique().to_dict() if len(steps) else {}
+    ranks = {r: {"state": "done" if s is not None else "unfinished",
+                 "observed_steps": int(published.get(r, 0)),
+                 **({"optimizer_steps": s["optimizer_steps"]} if s else {})}
+             for r, s in statuses.items()}
+    return steps, own or _failure(statuses, published, timeout), ranks
+
+
+def _failure(statuses: dict[int, dict | None], published: dict, timeout: float
+             ) -> StepFailure | None:
+    """The first rank's own failure, else the ranks that never reported within `timeout`."""
+    failed = {r: s["failure"] for r, s in statuses.items() if s and s.get("failure")}
+    if failed:
+        r, f = min(failed.items())
+        return StepFailure(f.step, f"rank {r}: {f.error}", f.traceback)
+    silent = sorted(r for r, s in statuses.items() if s is None)
+    if not silent:
+        return None
+    kept = ", ".join(f"rank {r}: {published.get(r, 0)}" for r in silent)
+    return StepFailure(min(published.get(r, 0) for r in silent),
+                       f"rank {', '.join(map(str, silent))} did not finish within {timeout:g} s "
+                       f"of rank 0 (died or hangs); the steps it observed are kept ({kept})", "")
+
+
+def ddp_facts(ddp) -> dict:
+    """What DDP itself reports (unused_parameter_size, can_set_static_graph, ...), or {}."""
+    if ddp is None:
+        return {}
+    try:
+        data = ddp._get_ddp_logging_data()
+    except Exception:  # private API: absent or changed in this torch
+        return {}
+    keep = ("unused_parameter_size", "can_set_static_graph", "find_unused_parameters",
+            "static_graph", "num_parameter_tensors", "total_parameter_size_bytes",
+            "bucket_sizes", "has_rebuilt_buckets", "comm_hook", "backend_name")
+    return {k: data[k] for k in keep if k in data}
