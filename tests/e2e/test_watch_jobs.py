@@ -1,0 +1,118 @@
+"""`diagkit.watch` in ordinary programs written without diagkit (examples/): a monolithic
+`main()` loop and a torchrun DDP job, on one node and on two nodes of two processes each,
+launched by real torchrun. Each program gains at most 3 lines, marked `# diagkit`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import diagkit
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+       "PYTHONPATH": str(ROOT / "src")}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(*launcher: str, script: tuple[str, ...] = ()) -> list[str]:
+    """A real torchrun of the DDP example, 2 processes on this node."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+            "--max-restarts=0", *launcher, str(EXAMPLES / "torchrun_ddp.py"), *script]
+
+
+def run(cmd, cwd, timeout=240):
+    done = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done
+
+
+def test_plain_main_loop_finds_the_name_filter_and_the_dead_module(tmp_path):
+    out = run([sys.executable, str(EXAMPLES / "plain_loop.py")], tmp_path)
+    diag = diagkit.load(tmp_path / "diag")
+    v = diag.verdicts()
+    assert v["head.weight"] == {"orphan", "grad_not_cleared"} == v["head.bias"]
+    assert v["aux_proj.weight"] == {"unused"} == v["aux_proj.bias"]
+    assert v["encoder.0.weight"] == {"ok"} == v["encoder.2.weight"]
+    assert diag.meta["steps_observed"] == 10 and "worst=error" in out.stdout
+
+
+@pytest.mark.parametrize("name", ["plain_loop.py", "torchrun_ddp.py"])
+def test_examples_gain_at_most_three_lines_and_run_without_them(tmp_path, name):
+    source = (EXAMPLES / name).read_text().splitlines()
+    marked = [line for line in source if line.rstrip().endswith("# diagkit")]
+    assert 1 <= len(marked) <= 3
+    plain = tmp_path / name
+    plain.write_text("\n".join(line for line in source if line not in marked) + "\n")
+    assert "diagkit" not in plain.read_text().replace("# diagkit", "").split('"""', 2)[2]
+    cmd = ([sys.executable, str(plain)] if name == "plain_loop.py" else
+           [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+            str(plain)])
+    run(cmd, tmp_path)
+    assert not (tmp_path / "diag").exists()
+
+
+def test_torchrun_one_node_late_unfreeze_is_rank_divergent(tmp_path):
+    out = run(torchrun("--standalone"), tmp_path)
+    assert "backbones identical across ranks: False" in out.stdout
+    diag = diagkit.load(tmp_path / "diag")
+    v = diag.verdicts()
+    assert v["backbone.0.weight"] == {"rank_divergent"} == v["backbone.0.bias"]
+    assert v["head.weight"] == {"ok"} == v["head.bias"]  # DDP keeps the head in sync
+    assert sorted(diag.steps["rank"].unique()) == [0, 1] and "checksum" in diag.steps
+    assert diag.meta["nproc"] == 2 and diag.failure is None
+    fix = next(f for f in diag.findings if f.code == "rank_divergent").fix
+    assert "DDP" in fix
+
+
+def test_torchrun_two_nodes_of_two_processes(tmp_path):
+    """Two launchers on this machine form one 4-rank job over 127.0.0.1; only rank 0 writes."""
+    port = free_port()
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    procs = []
+    for rank, cwd in enumerate(nodes):
+        cwd.mkdir()
+        procs.append(subprocess.Popen(
+            torchrun("--nnodes=2", f"--node-rank={rank}", f"--rdzv-endpoint=127.0.0.1:{port}"),
+            cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    diag = diagkit.load(nodes[0] / "diag")
+    assert not (nodes[1] / "diag").exists()
+    assert sorted(diag.steps["rank"].unique()) == [0, 1, 2, 3]
+    assert diag.steps.groupby("rank")["step"].nunique().tolist() == [4, 4, 4, 4]
+    v = diag.verdicts()
+    assert v["backbone.0.weight"] == {"rank_divergent"} and v["head.weight"] == {"ok"}
+
+
+def test_a_hanging_rank_is_named_and_the_others_steps_are_kept(tmp_path):
+    """Rank 1 stops after two steps; rank 0 reports within the watch's timeout (8 s)."""
+    proc = subprocess.Popen(torchrun("--standalone", script=("--no-ddp-sync", "--hang-rank=1")),
+                            cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "diag" / "run.json").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "no diagnosis written"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    diag = diagkit.load(tmp_path / "diag")
+    per_rank = diag.steps.groupby("rank")["step"].nunique().to_dict()
+    assert per_rank == {0: 4, 1: 2}
+    assert diag.failure is not None and "rank 1 did not finish within 8 s" in diag.failure.error
