@@ -13,6 +13,8 @@ Prints a table with each measured ratio beside its goal and writes everything to
   C. the time to build the tables, the findings and the report pieces (plots + tables HTML)
      for synthetic tables of 2,000 tensors x 200 steps.
   D. the steps table of a long run (2,000 tensors) observed every step vs every 100th.
+  F. `diagkit.watch` in the user's own loop: watched vs plain steps, and after it detached
+     (benchmarks/watch_time.py).
   E. with --device cuda: the ~350M-parameter GPT on the GPU (step ratio per delta mode, host
      syncs and device bytes allocated per observed step, peak device memory per mode).
 
@@ -641,7 +643,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the observed step")
     ap.add_argument("--out", default="out/bench.json", help="JSON output path")
     ap.add_argument("--skip", action="append", default=[],
-                    choices=["time", "memory", "report", "stride"])
+                    choices=["time", "watch", "memory", "report", "stride"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: the ~350M-parameter GPT variant on the GPU (time and memory)")
     ap.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
@@ -680,6 +682,15 @@ def main(argv=None) -> int:
             fc = r["fixed_costs_s"]
             lines.append((f"  fixed costs per diagnosis, {kind} (not in the ratio)",
                           ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in fc.items()), "-", "-"))
+    if "watch" not in args.skip:
+        from watch_time import time_watch, watch_lines
+        result["watch_time"] = {}
+        for kind in ("gpt", "small"):
+            print(f"[watch] {kind} ...", file=sys.stderr, flush=True)
+            r = time_watch(build, kind, sz[kind], sz["rounds"][kind],
+                           sz["steps_per_block"][kind])
+            result["watch_time"][kind] = r
+            lines += watch_lines(kind, r, GOALS[f"step_ratio_{kind}"])
     if "memory" not in args.skip:
         result["memory"] = {}
         for kind in ("gpt", "small"):

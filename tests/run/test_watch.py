@@ -323,3 +323,27 @@ def test_frozen_tensors_keep_requires_grad_and_the_branch_model_runs():
     v = w.diagnosis.verdicts()
     assert v["extra.bias"] == {"intermittent"}
     assert v["extra.weight"] == {"frozen_in_optimizer"}
+
+
+def test_a_step_the_loss_scaler_skips_is_not_a_step():
+    """GradScaler skips optimizer.step() when the scaled gradients overflowed: the observed step
+    runs on to the next step actually taken, and the skipped backward is superseded."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    w = diagkit.watch(model, opt, steps=2)
+    taken = 0
+    for i in range(3):
+        opt.zero_grad()
+        loss = mse_loss(model, fixed_batch()) * (math.inf if i == 0 else 1.0)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        taken += int(model.fc1.weight.grad.isfinite().all())
+    assert taken == 2  # step 0 overflowed: the scaler skipped optimizer.step()
+    diag = w.diagnosis
+    assert diag.meta["optimizer_steps"] == 2 and sorted(diag.steps["step"].unique()) == [0, 1]
+    assert set().union(*diag.verdicts().values()) == {"ok"}

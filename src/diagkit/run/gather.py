@@ -31,6 +31,7 @@ class RankChannel:
             raise DiagkitError(f"cannot reach the process group's store to gather the ranks: "
                                f"{type(exc).__name__}: {exc}") from None
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.backend = str(dist.get_backend())  # read now: the group may be gone at the end
         self.prefix = f"diagkit/watch{_SERIAL['n']}"
         _SERIAL["n"] += 1
         self.published = 0

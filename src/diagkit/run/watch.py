@@ -145,8 +145,7 @@ class Watch:
                 self._release()
                 return
             steps, failure, ranks = assemble(self.channel, self.timeout, failure)
-            meta.update(ranks=ranks, nproc=self.channel.world,
-                        backend=str(torch.distributed.get_backend()))
+            meta.update(ranks=ranks, nproc=self.channel.world, backend=self.channel.backend)
         else:
             steps = self.observer.steps_table()
         self._release()
