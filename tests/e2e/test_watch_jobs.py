@@ -75,6 +75,8 @@ def test_torchrun_one_node_late_unfreeze_is_rank_divergent(tmp_path):
     assert v["head.weight"] == {"ok"} == v["head.bias"]  # DDP keeps the head in sync
     assert sorted(diag.steps["rank"].unique()) == [0, 1] and "checksum" in diag.steps
     assert diag.meta["nproc"] == 2 and diag.failure is None
+    # DDP's own account agrees: it was built when only the head's 2 tensors required grad
+    assert diag.advice["find_unused_parameters"]["ddp"]["num_parameter_tensors"] == 2
     fix = next(f for f in diag.findings if f.code == "rank_divergent").fix
     assert "DDP" in fix
 

@@ -248,7 +248,7 @@ def test_a_failure_inside_observation_never_reaches_the_loop(monkeypatch):
 
 # --------------------------------------------------------------------------- wrapped objects
 def test_sees_through_data_parallel_and_compile():
-    for wrap in (nn.DataParallel, lambda m: torch.compile(m, backend="eager")):
+    for wrap in (nn.DataParallel, lambda m: torch.compile(m, backend="aot_eager")):
         model, opt = dead_head()
         wrapped = wrap(model)
         w = diagkit.watch(wrapped, opt, steps=2)
