@@ -10,7 +10,8 @@ from .wording import accessor, iter_expr, params_expr, subject, trend
 
 @verdict("orphan", "error",
          ('It wants to learn (requires grad) and gets gradients, but no optimizer holds it,'
-          ' so it never changes. Its `.grad` is never cleared either and keeps growing. '
+          ' so it never changes. `optimizer.zero_grad()` does not clear its `.grad` either: '
+          'unless something else does (`model.zero_grad()`), it keeps growing. '
           'Typical cause: a name filter such as `not n.startswith("module.metamodel")` — '
           'under DDP every name starts with `module.`.'))
 def orphan(params, steps):
@@ -21,24 +22,37 @@ def orphan(params, steps):
 @orphan.explains
 def _explain_orphan(label, group, steps):
     names = list(group["name"])
-    moved = trend(steps, names, "grad_total_norm")
     message = (f"{subject(label, group)} requires grad and receives gradients, but no optimizer "
-               f"holds it: it is never trained"
-               + (f", and its .grad norm goes {moved} because optimizer.zero_grad() never "
-                  "clears it" if moved else "") + ".")
+               f"holds it: it is never trained" + _orphan_grad(steps, names) + ".")
     expr = params_expr(label, group)
     fix = f'optimizer.add_param_group({{"params": {expr}}})'
+    freeze = (f"  — or, if it should stay fixed, freeze it: for p in {iter_expr(label, group)}: "
+              "p.requires_grad_(False)")
     prefixed = [n for n in names if n.startswith("module.")]
     if prefixed:
+        # A `module.` name is what the target's own code saw (diagkit's own DDP wrap adds no
+        # prefix), so a filter on those wrapped names is a plausible cause; else it is not.
         top = ".".join(prefixed[0].split(".")[:2])
-        message += (f" Its name carries the DDP wrapper prefix `module.`: a filter on names such "
-                    f"as `not n.startswith(\"{top}\")` excludes it (the first seed's bug).")
-        fix = (f'Include it explicitly, by identity: {fix}  — or, if it should stay fixed, '
-               f'freeze it: for p in {iter_expr(label, group)}: p.requires_grad_(False)')
-    else:
-        fix = (f"Add it to an optimizer: {fix}  — or, if it should stay fixed, freeze it: "
-               f"for p in {iter_expr(label, group)}: p.requires_grad_(False)")
-    return message, fix
+        message += (" Its name carries the DDP wrapper prefix `module.`, as the target's code "
+                    "saw it: a filter on names such as "
+                    f"`not n.startswith(\"{top}\")` excludes it from the optimizer's groups.")
+        return message, f"Include it explicitly, by identity: {fix}{freeze}"
+    return message, f"Add it to an optimizer: {fix}{freeze}"
+
+
+def _orphan_grad(steps, names) -> str:
+    """What happens to an orphan's .grad, as the steps show it: carried over (nothing clears
+    it) or not (something else, e.g. model.zero_grad(), clears it); nothing on one step."""
+    s = steps[steps["name"].isin(set(names))]
+    if s["carried_grad"].astype(bool).any():
+        moved = trend(steps, names, "grad_total_norm")
+        return (", and nothing clears its .grad (optimizer.zero_grad() clears only the tensors "
+                "the optimizer holds), so gradients pile up across steps"
+                + (f" (.grad norm {moved})" if moved else ""))
+    if s.loc[s["used"].astype(bool), "step"].nunique() > 1:
+        return (" (its .grad does not pile up: something else clears it between steps, e.g. "
+                "model.zero_grad())")
+    return ""
 
 
 @verdict("unused", "warning",

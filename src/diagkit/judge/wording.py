@@ -47,10 +47,22 @@ def params_expr(label: str, group: pd.DataFrame) -> str:
 
 
 def trend(steps: pd.DataFrame, names, column: str) -> str:
+    """How the norm over `names` of a per-step norm `column` moved: "1 → 3 over 3 steps".
+
+    Only steps where it was measured and is non-zero count: NaN means nothing was measured (no
+    gradient), and a zero trajectory shows nothing, so neither is ever printed as "nan → nan"
+    or "0 → 0"; "" when no step is left, one number when one is.
+    """
     s = steps[steps["name"].isin(set(names))]
-    if s.empty:
+    values = pd.to_numeric(s[column], errors="coerce").to_numpy(dtype=float)
+    keep = np.isfinite(values)
+    if not keep.any():
         return ""
-    per_step = s.groupby("step")[column].apply(lambda x: float(np.sqrt(np.nansum(x ** 2))))
+    per_step = (pd.Series(values[keep] ** 2, index=s["step"].to_numpy()[keep])
+                .groupby(level=0).sum() ** 0.5)
+    per_step = per_step[per_step > 0]
+    if per_step.empty:
+        return ""
     if len(per_step) < 2:
         return f"{per_step.iloc[0]:.3g}"
     return f"{per_step.iloc[0]:.3g} → {per_step.iloc[-1]:.3g} over {len(per_step)} steps"

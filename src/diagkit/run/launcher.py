@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.errors import DiagkitError
-from ..core.options import DEFAULTS
+from ..core.options import DEFAULTS, check_run_options
 from ..core.result import Diagnosis, LoadReport, StepFailure
 from ..core.schema import STEPS_COLUMNS
 from .pipeline import Observation, judge_observation
@@ -34,13 +34,15 @@ def diagnose_distributed(target: str, target_args: dict | None = None, *, nproc:
                          delta: str = DEFAULTS["delta"], every: int = DEFAULTS["every"]
                          ) -> Diagnosis:
     """Diagnose `target` in `nproc` processes of one torch.distributed job (`timeout`: seconds
-    for the whole run, setup included)."""
+    for the whole run, setup included). `steps=None`: the target's own `steps`, else the
+    default, decided in each rank once the target is built (as in one process)."""
     if nproc < 2:
         raise DiagkitError(f"nproc must be >= 2 for a distributed run, got {nproc}")
+    check_run_options(steps=steps, delta=delta, every=every)  # one line here, not in N ranks
     with tempfile.TemporaryDirectory(prefix="diagkit-ddp-") as tmp:
         run_dir = Path(tmp)
         spec = {"run_dir": str(run_dir), "target": target, "target_args": target_args or {},
-                "delta": delta, "every": every, "steps": steps or DEFAULTS["steps"],
+                "delta": delta, "every": every, "steps": steps,
                 "checkpoint": checkpoint, "trust": trust_checkpoint,
                 # collectives wait longer than our deadline, so the deadline names the stuck rank
                 "collective_timeout": timeout + 60.0, "measure_cost": measure_cost}

@@ -4,14 +4,19 @@ this module runs the steps and says what its loop guarantees.
 The standard loop, once per step, exactly: `opt.zero_grad(set_to_none=...)` for each optimizer;
 `batch = batch_fn()`; `loss = loss_fn(model, batch)`; `loss.backward()`; `opt.step()` for each
 optimizer; `lr_scheduler.step()` if one was given. A `train_step(i)` is called as it is.
+
+Under torch.distributed, `through_ddp` runs the standard loop's whole `loss_fn` inside the
+forward of a DistributedDataParallel: `loss_fn` still gets the target's own model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import traceback
 from collections.abc import Callable
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from ..core.errors import DiagkitError
 from ..core.result import StepFailure
@@ -77,3 +82,32 @@ def step_function(setup: Setup) -> Callable[[int], object]:
             setup.lr_scheduler.step()
         return loss.detach()
     return standard_step
+
+
+class LossModule(torch.nn.Module):
+    """`loss_fn(model, batch)` as the forward of a module that holds `model`.
+
+    Wrapped in DDP, the whole `loss_fn` runs inside DDP's forward (as Lightning wraps its
+    `training_step`): `loss_fn` gets the target's own model, so `model.training_step(...)` and
+    calls into submodules work, while DDP still prepares its reducer for the backward (and, with
+    find_unused_parameters=True, searches the graph from the loss). Calling the inner model
+    directly instead would bypass DDP's forward: no gradient would be averaged.
+    """
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn  # a function: not registered as a submodule
+
+    def forward(self, batch):
+        return self.loss_fn(self.model, batch)
+
+
+def through_ddp(setup: Setup, **ddp_kwargs) -> tuple[Setup, DistributedDataParallel]:
+    """A copy of a standard-loop `setup` whose loss is computed by DDP(LossModule(...)), and
+    that DDP. The copy's model is still the target's: its names are the ones the target's code
+    saw (no `module.` prefix added by diagkit) and `loss_fn` receives it."""
+    if setup.train_step is not None:
+        raise DiagkitError("through_ddp needs the standard loop (batch_fn + loss_fn)")
+    ddp = DistributedDataParallel(LossModule(setup.model, setup.loss_fn), **ddp_kwargs)
+    return dataclasses.replace(setup, loss_fn=lambda _model, batch: ddp(batch)), ddp

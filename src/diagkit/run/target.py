@@ -6,6 +6,7 @@ fails with a sentence naming it instead of a traceback from inside the training 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -120,25 +121,52 @@ def _tname(value) -> str:
 
 
 def load_target(spec: str, **kwargs) -> Setup:
-    """Import `"package.module:function"` or `"path/to/file.py:function"` and call it."""
-    fn = resolve_target(spec)
-    check_kwargs(fn, spec, kwargs)
-    try:
-        result = fn(**kwargs)
-    except TargetError:
-        raise
-    except Exception as exc:  # the user's builder failed: say so in one line, keep the cause
-        raise TargetError(f"target {spec!r} raised while building the setup: "
-                          f"{type(exc).__name__}: {exc}") from exc
+    """Import `"package.module:function"` or `"path/to/file.py:function"` and call it.
+
+    A file target's folder is importable while the file is imported and its function runs, as
+    under `python path/to/file.py`, so `import helpers` finds the helpers.py next to it.
+    """
+    with target_folder_importable(spec):
+        fn = resolve_target(spec)
+        check_kwargs(fn, spec, kwargs)
+        try:
+            result = fn(**kwargs)
+        except TargetError:
+            raise
+        except Exception as exc:  # the user's builder failed: say so in one line, keep the cause
+            raise TargetError(f"target {spec!r} raised while building the setup: "
+                              f"{type(exc).__name__}: {exc}") from exc
     return Setup.from_mapping(result, origin=f"target {spec!r}")
 
 
+@contextlib.contextmanager
+def target_folder_importable(spec):
+    """Put a file target's folder first on sys.path for the duration, as `python file.py`
+    would, so its sibling modules import; then take it off again, so that one target's folder
+    does not shadow modules for the rest of the process. (Modules imported meanwhile stay
+    imported.) Not a file target, or the folder already on the path: nothing changes."""
+    where = spec.split(":")[0] if isinstance(spec, str) and spec.count(":") == 1 else ""
+    folder = str(Path(where).resolve().parent) if where.endswith(".py") else None
+    if folder is None or not Path(folder).is_dir() or folder in sys.path:
+        yield
+        return
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+
+
 def resolve_target(spec: str) -> Callable:
+    """The target's function, imported but not called (the CLI checks a target this way
+    before it launches ranks, so a typo fails in one line here, not in N processes)."""
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
         raise TargetError(f"target {spec!r} is not of the form 'package.module:function' "
                           "or 'path/to/file.py:function'")
     where, name = spec.split(":")
-    module = _import_file(where) if where.endswith(".py") else _import_module(where)
+    with target_folder_importable(spec):
+        module = _import_file(where) if where.endswith(".py") else _import_module(where)
     fn = getattr(module, name, None)
     if fn is None:
         raise TargetError(f"target {spec!r}: {where} has no function {name!r}")

@@ -8,6 +8,9 @@ hangs or dies still leaves the steps before it, and says where it was.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import itertools
 import json
 import os
 import pickle
@@ -81,11 +84,8 @@ def _run(spec: dict, rank: int, files: _RankFiles) -> int:
         if rank == 0:
             files.write("checkpoint.json", json.dumps({"load": report.to_dict()}).encode())
     wrapped_by_us = not isinstance(setup.model, DDP)
-    if wrapped_by_us:
-        # find_unused_parameters=True so that unused tensors are observed, not fatal.
-        setup.model = DDP(setup.model, find_unused_parameters=True)
-    ddp = setup.model
-    obs = observe(setup, spec["steps"], restore=False, checksums=True,
+    observed, ddp, drawn = _wrap(setup) if wrapped_by_us else (setup, setup.model, None)
+    obs = observe(observed, spec["steps"], restore=False, checksums=True,
                   on_progress=files.progress, delta=spec.get("delta", "exact"),
                   every=spec.get("every", 1))
     if rank == 0:
@@ -97,7 +97,7 @@ def _run(spec: dict, rank: int, files: _RankFiles) -> int:
     failure = None if obs.failure is None else {
         "step": obs.failure.step, "error": obs.failure.error, "traceback": obs.failure.traceback}
     if failure is None and wrapped_by_us and spec.get("measure_cost"):
-        cost = _measure_cost(setup, obs, spec)
+        cost = _measure_cost(setup, obs, spec, drawn)
         if rank == 0 and cost:
             files.write("cost.json", json.dumps(cost).encode())
     files.status({"state": "done", "failure": failure})
@@ -116,29 +116,67 @@ def _ddp_facts(ddp) -> dict:
     return {k: data[k] for k in keep if k in data}
 
 
-def _measure_cost(setup, obs, spec) -> dict | None:
+def _wrap(setup):
+    """Wrap the target's model in DDP(find_unused_parameters=True), so that unused tensors are
+    observed, not fatal. The standard loop's loss_fn runs inside DDP's forward and still gets
+    the target's own model (`loop.through_ddp`); the model observed is the target's, under the
+    names its code saw. The last batches drawn are kept for `_measure_cost` to replay.
+    (A train_step closes over its own model: the DDP built here only reports DDP's facts.)
+
+    Returns (the setup to observe, the DDP, the deque of drawn batches or None)."""
+    from .loop import through_ddp
+
+    if setup.train_step is not None:
+        return setup, DDP(setup.model, find_unused_parameters=True), None
+    observed, ddp = through_ddp(setup, find_unused_parameters=True)
+    drawn = collections.deque(maxlen=_COST_STEPS)
+
+    def batch_fn():
+        batch = setup.batch_fn()
+        drawn.append(batch)
+        return batch
+
+    return dataclasses.replace(observed, batch_fn=batch_fn), ddp, drawn
+
+
+_COST_ROUNDS, _COST_STEPS = 4, 3  # rounds per setting; timed steps per round
+
+
+def _measure_cost(setup, obs, spec, drawn) -> dict | None:
     """Time find_unused_parameters=True against False on the same steps, interleaved.
 
     Only when every rank saw every trainable tensor used on every step (else False is not an
-    option) and the standard loop is used (a train_step closes over its own model).
+    option) and the standard loop is used (a train_step closes over its own model). The timed
+    steps replay the last batches the observed steps drew and skip the lr scheduler, so the
+    target's batch source and schedule are never asked for more than the run needed. This is
+    diagkit's own extra: if it raises anyway, the cost is left out (None), never a failure.
     """
-    from .loop import step_function
-
-    steps = obs.steps
-    rg = steps[steps["requires_grad"]]
-    local_ok = bool(len(rg)) and bool(rg["used"].all()) and setup.train_step is None
-    flag = torch.tensor([1 if local_ok else 0], dtype=torch.int64)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    if not int(flag.item()):
+    try:
+        steps = obs.steps
+        rg = steps[steps["requires_grad"]]
+        local_ok = (bool(len(rg)) and bool(rg["used"].all()) and setup.train_step is None
+                    and bool(drawn))
+        flag = torch.tensor([1 if local_ok else 0], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if not int(flag.item()):
+            return None
+        return _time_both(setup, list(drawn), spec.get("cost_rounds", _COST_ROUNDS),
+                          spec.get("cost_steps", _COST_STEPS))
+    except Exception:  # a peer that failed here ends its collectives too: both give up
         return None
-    module = setup.model.module
+
+
+def _time_both(setup, batches: list, rounds: int, per_round: int) -> dict:
+    """Seconds per step with find_unused_parameters True and False, medians of `rounds`."""
+    from .loop import step_function, through_ddp
+
+    replay = itertools.cycle(batches)
+    base = dataclasses.replace(setup, batch_fn=lambda: next(replay), lr_scheduler=None)
     timings = {True: [], False: []}
-    rounds, per_round = spec.get("cost_rounds", 4), spec.get("cost_steps", 3)
     for i in range(rounds * 2):
         fup = (i % 2 == 0)
-        ddp = DDP(module, find_unused_parameters=fup)
-        setup.model = ddp
-        step = step_function(setup)
+        timed, ddp = through_ddp(base, find_unused_parameters=fup)
+        step = step_function(timed)
         step(0)  # warm-up: DDP builds its buckets on the first iteration
         dist.barrier()
         started = time.perf_counter()
@@ -146,7 +184,7 @@ def _measure_cost(setup, obs, spec) -> dict | None:
             step(j)
         dist.barrier()
         timings[fup].append((time.perf_counter() - started) / per_round)
-        del ddp, step
+        del ddp, step, timed
     true_s = sorted(timings[True])[len(timings[True]) // 2]
     false_s = sorted(timings[False])[len(timings[False]) // 2]
     return {"seconds_per_step_true": true_s, "seconds_per_step_false": false_s,

@@ -1,0 +1,204 @@
+"""Under `--nproc`, a target's setup is honoured as in one process (real torchrun, gloo, 2 ranks):
+its own `steps`, a batch source that yields exactly that many batches (diagkit's cost timing
+draws no more), sibling imports of a file target, and a `loss_fn` that gets the model the
+target returned (a Lightning-style `model.training_step(batch)`), with DDP still averaging."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from diagkit import DiagkitError
+from diagkit.run.launcher import diagnose_distributed
+
+HELPERS = textwrap.dedent('''
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+
+    def rank_batches(n, seed=1):
+        """n regression batches, different on each rank (so unsynced gradients would show)."""
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        gen = torch.Generator().manual_seed(seed + rank)
+        return [(torch.randn(4, 8, generator=gen), torch.randn(4, 2, generator=gen))
+                for _ in range(n)]
+
+    def mse(model, batch):
+        x, y = batch
+        return F.mse_loss(model(x), y)
+''')
+
+# A loader of exactly `batches` batches: a list indexed until IndexError, or an iterator
+# until StopIteration. The model is the target's own (diagkit wraps it in DDP).
+EXACT = textwrap.dedent('''
+    import torch
+    from torch import nn
+    from helpers import mse, rank_batches      # beside this file
+
+    def build(steps=3, batches=3, source="list"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+        data = rank_batches(batches)
+        if source == "list":
+            drawn = [0]
+            def batch_fn():
+                batch = data[drawn[0]]         # IndexError past the last batch
+                drawn[0] += 1
+                return batch
+        else:
+            batch_fn = iter(data).__next__     # StopIteration past the last batch
+        return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+                "batch_fn": batch_fn, "loss_fn": mse, "steps": steps}
+
+    def build_one_shot(steps=3):
+        """Each batch is a one-shot iterator that loss_fn consumes: a replayed one is empty."""
+        setup = build(steps, batches=steps, source="iter")
+        batches = setup["batch_fn"]
+        return {**setup, "batch_fn": lambda: iter([batches()]),
+                "loss_fn": lambda model, once: mse(model, next(once))}
+''')
+
+# Lightning-style: loss_fn calls model.training_step, which calls the submodules directly.
+# The optimizer is built from the names this code sees, and leaves `memory` out: an orphan.
+LIGHTNING = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from helpers import rank_batches
+
+    class Lit(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(8, 16)
+            self.head = nn.Linear(16, 2)
+            self.memory = nn.Parameter(torch.zeros(16))
+
+        def training_step(self, batch):
+            x, y = batch
+            return F.mse_loss(self.head(torch.tanh(self.body(x) + self.memory)), y)
+
+    def build(steps=3):
+        torch.manual_seed(0)
+        model = Lit()
+        held = [p for n, p in model.named_parameters() if not n.startswith("memory")]
+        batches = iter(rank_batches(100))
+        return {"model": model, "optimizer": torch.optim.SGD(held, lr=0.1),
+                "batch_fn": batches.__next__,
+                "loss_fn": lambda model, batch: model.training_step(batch), "steps": steps}
+''')
+
+# `scale` is frozen when DDP is built and made trainable by loss_fn at step 1: DDP never
+# averages its gradient, so with rank-dependent batches its copies drift apart.
+UNFREEZE = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from helpers import rank_batches
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(8, 2)
+            self.scale = nn.Parameter(torch.ones(2), requires_grad=False)
+
+        def forward(self, x):
+            return self.body(x) * self.scale
+
+    def build(steps=3):
+        torch.manual_seed(0)
+        model = Scaled()
+        calls = [0]
+
+        def loss_fn(model, batch):
+            if calls[0] == 1:
+                model.scale.requires_grad_(True)   # unfrozen after DDP was built
+            calls[0] += 1
+            x, y = batch
+            return F.mse_loss(model(x), y)
+
+        batches = iter(rank_batches(100))
+        return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+                "batch_fn": batches.__next__, "loss_fn": loss_fn, "steps": steps}
+''')
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("targets")
+    for name, text in {"helpers": HELPERS, "exact": EXACT, "lightning": LIGHTNING,
+                       "unfreeze": UNFREEZE}.items():
+        (folder / f"{name}.py").write_text(text)
+    return folder
+
+
+def _clean_run(diag):
+    """No failure of any kind, every tensor ok, and the find_unused cost was measured."""
+    assert diag.failure is None
+    assert not [f for f in diag.findings if f.severity == "error"], diag.findings
+    assert set().union(*diag.verdicts().values()) == {"ok"}
+    cost = diag.advice["find_unused_parameters"]["measured_cost"]
+    assert cost["seconds_per_step_true"] > 0 and cost["seconds_per_step_false"] > 0
+
+
+def test_the_targets_steps_and_an_exactly_sized_list_loader(targets):
+    """No --steps: the target's 3 steps run, from a list of exactly 3 batches; timing the
+    find_unused cost draws none (it replays), so nothing raises IndexError."""
+    diag = diagnose_distributed(f"{targets / 'exact.py'}:build", nproc=2)
+    assert diag.meta["steps_requested"] == 3 and diag.meta["steps_observed"] == 3
+    _clean_run(diag)
+
+
+def test_an_explicit_steps_overrides_the_target_and_an_exact_iterator(targets):
+    """steps=2 overrides the target's 3; an iterator of exactly 2 batches is enough."""
+    diag = diagnose_distributed(f"{targets / 'exact.py'}:build",
+                                {"source": "iter", "batches": 2}, nproc=2, steps=2)
+    assert diag.meta["steps_requested"] == 2 and diag.meta["steps_observed"] == 2
+    _clean_run(diag)
+
+
+def test_a_failing_cost_timing_leaves_the_cost_out_and_the_diagnosis_whole(targets):
+    """Replaying a consumed batch raises inside diagkit's timing: no cost, no failure."""
+    diag = diagnose_distributed(f"{targets / 'exact.py'}:build_one_shot", nproc=2)
+    assert diag.failure is None and diag.meta["steps_observed"] == 3
+    assert not [f for f in diag.findings if f.severity == "error"], diag.findings
+    assert "measured_cost" not in diag.advice["find_unused_parameters"]
+
+
+def test_loss_fn_gets_the_targets_model_and_ddp_still_averages(targets):
+    diag = diagnose_distributed(f"{targets / 'lightning.py'}:build", nproc=2)
+    assert diag.failure is None, diag.failure
+    verdicts = diag.verdicts()
+    # the names the target's code saw: no `module.` prefix of diagkit's own wrapper
+    assert set(verdicts) == {"body.weight", "body.bias", "head.weight", "head.bias", "memory"}
+    assert verdicts["memory"] == {"orphan", "grad_not_cleared"}
+    # Different batches on each rank, yet equal values: DDP averaged every gradient, so the
+    # forward ran inside DDP's forward although loss_fn called model.training_step.
+    assert all(v == {"ok"} for n, v in verdicts.items() if n != "memory")
+    assert (diag.steps.groupby(["step", "name"])["checksum"].nunique() == 1).all()
+    (orphan,) = [f for f in diag.findings if f.code == "orphan"]
+    # the filter saw unwrapped names: the `module.` prefix is not blamed
+    assert "module." not in orphan.message + orphan.fix
+    assert "pile up" in orphan.message and "→" in orphan.message
+    assert "model.memory" in orphan.fix
+
+
+def test_a_tensor_unfrozen_after_ddp_was_built_is_named_with_the_cause(targets):
+    diag = diagnose_distributed(f"{targets / 'unfreeze.py'}:build", nproc=2)
+    assert diag.failure is None, diag.failure
+    assert "rank_divergent" in diag.verdicts()["scale"]
+    assert "rank_divergent" not in diag.verdicts()["body.weight"]
+    (finding,) = [f for f in diag.findings if f.code == "rank_divergent"]
+    assert finding.params == ("scale",)
+    assert "requires_grad changed during the run (`scale` False → True at step 1)" \
+        in finding.message
+    assert "after DDP was built" in finding.message
+    assert "re-create DDP" in finding.fix and "requires_grad before" in finding.fix
+
+
+@pytest.mark.parametrize("steps", [0, -1, True, 2.5])
+def test_a_bad_steps_is_one_line_before_any_rank_starts(targets, steps):
+    """Formerly `steps or 5` turned 0 into 5; now a bad value is refused up front."""
+    with pytest.raises(DiagkitError, match=r"^steps must be a positive int"):
+        diagnose_distributed(f"{targets / 'exact.py'}:build", nproc=2, steps=steps)
