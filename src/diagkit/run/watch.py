@@ -25,13 +25,14 @@ from ..core.errors import DiagkitError
 from ..core.files import check_replaceable_dir
 from ..core.options import DEFAULTS, check_run_options
 from ..core.result import Diagnosis, StepFailure
+from ..measure.ddp_facts import ddp_facts
 from ..measure.inventory import take_inventory
 from ..measure.observer import Observer
 from ..measure.step_clock import StepClock
 from ..measure.unwrap import unwrap_model, unwrap_optimizers
 from .gather import RankChannel, distributed
 from .pipeline import Observation, judge_observation
-from .watch_ranks import assemble, ddp_facts
+from .watch_ranks import assemble
 
 
 def watch(model, optimizer_or_list, *, steps: int = DEFAULTS["watch_steps"],

@@ -40,17 +40,3 @@ def _failure(statuses: dict[int, dict | None], published: dict, timeout: float
     return StepFailure(min(published.get(r, 0) for r in silent),
                        f"rank {', '.join(map(str, silent))} did not finish within {timeout:g} s "
                        f"of rank 0 (died or hangs); the steps it observed are kept ({kept})", "")
-
-
-def ddp_facts(ddp) -> dict:
-    """What DDP itself reports (unused_parameter_size, can_set_static_graph, ...), or {}."""
-    if ddp is None:
-        return {}
-    try:
-        data = ddp._get_ddp_logging_data()
-    except Exception:  # private API: absent or changed in this torch
-        return {}
-    keep = ("unused_parameter_size", "can_set_static_graph", "find_unused_parameters",
-            "static_graph", "num_parameter_tensors", "total_parameter_size_bytes",
-            "bucket_sizes", "has_rebuilt_buckets", "comm_hook", "backend_name")
-    return {k: data[k] for k in keep if k in data}

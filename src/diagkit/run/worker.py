@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ..measure.ddp_facts import ddp_facts
+
 
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
@@ -93,7 +95,7 @@ def _run(spec: dict, rank: int, files: _RankFiles) -> int:
             **obs.meta, "backend": dist.get_backend(), "world_size": dist.get_world_size(),
             "wrapped_by_diagkit": wrapped_by_us,
             "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
-            "ddp": _ddp_facts(ddp)}, default=str).encode())
+            "ddp": ddp_facts(ddp)}, default=str).encode())
     failure = None if obs.failure is None else {
         "step": obs.failure.step, "error": obs.failure.error, "traceback": obs.failure.traceback}
     if failure is None and wrapped_by_us and spec.get("measure_cost"):
@@ -102,18 +104,6 @@ def _run(spec: dict, rank: int, files: _RankFiles) -> int:
             files.write("cost.json", json.dumps(cost).encode())
     files.status({"state": "done", "failure": failure})
     return 1 if failure else 0  # a failed step ends the job: torchrun stops the other ranks
-
-
-def _ddp_facts(ddp) -> dict:
-    """What DDP itself reports (unused_parameter_size, can_set_static_graph, ...)."""
-    try:
-        data = ddp._get_ddp_logging_data()
-    except Exception:  # private API: absent or changed in this torch
-        return {}
-    keep = ("unused_parameter_size", "can_set_static_graph", "find_unused_parameters",
-            "static_graph", "num_parameter_tensors", "total_parameter_size_bytes",
-            "bucket_sizes", "has_rebuilt_buckets", "comm_hook", "backend_name")
-    return {k: data[k] for k in keep if k in data}
 
 
 def _wrap(setup):
