@@ -118,3 +118,22 @@ def test_a_hanging_rank_is_named_and_the_others_steps_are_kept(tmp_path):
     per_rank = diag.steps.groupby("rank")["step"].nunique().to_dict()
     assert per_rank == {0: 4, 1: 2}
     assert diag.failure is not None and "rank 1 did not finish within 8 s" in diag.failure.error
+
+
+def test_a_run_shorter_than_steps_is_saved_when_the_process_exits(tmp_path):
+    """Training ended before `steps` were observed and nobody called stop(): the process's
+    exit ends the watch, judges the steps it saw and writes `out`."""
+    script = tmp_path / "short.py"
+    script.write_text(
+        "import torch, diagkit\n"
+        "model = torch.nn.Linear(3, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "w = diagkit.watch(model, opt, steps=50, out='diag')\n"
+        "for _ in range(3):\n"
+        "    opt.zero_grad(); model(torch.ones(2, 3)).sum().backward(); opt.step()\n"
+        "print('trained')\n")
+    out = run([sys.executable, str(script)], tmp_path)
+    assert "trained" in out.stdout
+    diag = diagkit.load(tmp_path / "diag")
+    assert diag.meta["steps_observed"] == 3 and diag.failure is None
+    assert set().union(*diag.verdicts().values()) == {"ok"}
