@@ -69,6 +69,7 @@ def test_the_parameters_cell_is_the_contract(name):
     (notebook.validate, {"target_args": []}, ["'target_args'", "dict"]),
     (notebook.validate, {"steps": True}, ["'steps'", "int", "bool"]),
     (notebook.validate, {"delta": "fast"}, ["'delta'", "exact, sampled, off"]),
+    (notebook.validate, {"diagnosis": 3}, ["'diagnosis'", "str or None", "int"]),
     (compare.validate, {"stepz": 1}, ["unknown", "'stepz'", "checkpoint_a, checkpoint_b"]),
     (compare.validate, {"checkpoint_a": None}, ["'checkpoint_a'", "must be str", "NoneType"]),
     (compare.validate, {"trust_checkpoint": "yes"}, ["'trust_checkpoint'", "bool", "str"]),
@@ -107,6 +108,7 @@ def test_papermill_runs_the_workbook_on_each_demo(tmp_path, demo):
     assert (tmp_path / "params.csv").read_text().count("\n") > 1
 
 
+DIAGNOSE = NOTEBOOKS[[p.name for p in NOTEBOOKS].index("diagnose.ipynb")]
 TINY = {"diagnose.ipynb": {"steps": 1}}  # other notebooks run on their defaults
 
 
@@ -114,6 +116,42 @@ TINY = {"diagnose.ipynb": {"steps": 1}}  # other notebooks run on their defaults
 def test_every_notebook_executes_with_tiny_parameters(tmp_path, path):
     nb = _run(path, tmp_path, **TINY.get(path.name, {}))
     assert all(o.output_type != "error" for c in nb.cells for o in c.get("outputs", []))
+
+
+def test_papermill_renders_a_saved_diagnosis_without_running(tmp_path, finetune):
+    """The finetune demo's diagnosis, saved; the notebook's default target is another demo."""
+    finetune.save(tmp_path / "saved")
+    data = tmp_path / "data"
+    nb = _run(DIAGNOSE, tmp_path, diagnosis="saved", out_dir=str(data),  # relative: from cwd
+              interactive=False)
+    outputs = [o for c in nb.cells for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert len([o for o in outputs if "image/png" in o.get("data", {})]) >= 3
+    shown = " ".join(str(o.get("data", {}).get("text/html", "")) for o in outputs)
+    assert "Saved diagnosis loaded from <code>saved</code>" in shown and "cmim_decoder" in shown
+    written = json.loads((data / "findings.json").read_text())
+    assert written["findings"] == [f.to_dict() for f in finetune.findings]
+    assert written["meta"] == finetune.meta and written["worst"] == "warning"
+
+
+def test_papermill_refuses_target_and_diagnosis_together(tmp_path, clean):
+    clean.save(tmp_path / "saved")
+    with pytest.raises(PapermillExecutionError) as info:  # the default target, but passed
+        _run(DIAGNOSE, tmp_path, target="diagkit.demos:meta_memory", diagnosis="saved")
+    assert "DiagkitError" in info.value.ename and "not both" in info.value.evalue
+    assert "\n" not in info.value.evalue.strip()
+
+
+def test_diagnosis_with_the_default_target_is_no_conflict_but_another_target_is():
+    """In JupyterLab nothing is injected: a target other than the cell's default is 'set'."""
+    default = contract.parameters(contract.DIAGNOSE)["target"].default
+    settings = notebook.check_parameters({"target": default, "diagnosis": "saved"})
+    assert settings["diagnosis"] == "saved"
+    for namespace in ({"target": "mypkg.train:build", "diagnosis": "saved"},
+                      {"In": [f"# Parameters\ntarget = {default!r}\ndiagnosis = 'saved'\n"],
+                       "target": default, "diagnosis": "saved"}):
+        with pytest.raises(DiagkitError, match="not both"):
+            notebook.check_parameters(namespace)
 
 
 def test_papermill_with_an_unknown_parameter_fails(tmp_path):

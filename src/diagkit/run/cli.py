@@ -15,6 +15,10 @@ from ..core.format import one_line
 from ..core.options import DEFAULTS, DELTA_MODES, HELP, check_option
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+# What only running a target uses (dest -> flag): refused with `report --from DIR`.
+_RUN_ONLY = {"arg": "--arg", "steps": "--steps", "delta": "--delta", "every": "--every",
+             "checkpoint": "--checkpoint", "trust_checkpoint": "--trust-checkpoint",
+             "nproc": "--nproc", "timeout": "--timeout"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,8 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", metavar="PATH", help="write params, findings and advice as JSON")
     check.add_argument("--save", metavar="DIR", help="save the whole diagnosis (diagkit.load)")
 
-    report = sub.add_parser("report", help="execute the diagnosis notebook and render HTML")
-    _target_options(report)
+    report = sub.add_parser("report", help="execute the diagnosis notebook and render HTML "
+                                           "(of a run of TARGET, or of a saved diagnosis)")
+    _target_options(report, target_nargs="?")
+    report.add_argument("--from", dest="saved", metavar="DIR",
+                        help="render the diagnosis saved in DIR (check --save, Diagnosis.save) "
+                             "instead of running a TARGET")
+    report.set_defaults(**dict.fromkeys(_RUN_ONLY))  # None: tells a given flag from a default
     report.add_argument("--out", metavar="DIR", required=True,
                         help="folder for report.html, report.ipynb, params.csv, steps.csv, "
                              "findings.json")
@@ -59,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _target_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", help="'package.module:function' or 'path/to/file.py:function'")
+def _target_options(p: argparse.ArgumentParser, target_nargs=None) -> None:
+    p.add_argument("target", nargs=target_nargs,
+                   help="'package.module:function' or 'path/to/file.py:function'")
     p.add_argument("--arg", action="append", default=[], metavar="K=V",
                    help="keyword argument for the target function (repeatable); V is a Python "
                         "literal or a plain string")
@@ -193,16 +203,44 @@ def _check(args) -> int:
 
 
 def _report(args) -> int:
+    """`report TARGET` runs the target in the notebook; `report --from DIR` renders a saved
+    diagnosis with the same notebook, so a run on a GPU node is explored later, offline."""
+    if args.saved is not None:
+        return _report_saved(args)
+    if args.target is None:
+        raise DiagkitError("report needs a TARGET to run, or --from DIR to render a saved "
+                           "diagnosis")
     _check_writable(args.out, "--out")
-    kwargs = _parse_target_args(args.arg)
+    kwargs = _parse_target_args(args.arg or [])
     _precheck_target(args.target, kwargs, args.checkpoint)
     params = {"target": args.target, "target_args": kwargs, "checkpoint": args.checkpoint or "",
-              "trust_checkpoint": args.trust_checkpoint, "steps": args.steps or DEFAULTS["steps"],
-              "nproc": args.nproc, "timeout": args.timeout, "delta": args.delta,
-              "every": args.every}
+              "trust_checkpoint": bool(args.trust_checkpoint)}
+    params.update({name: DEFAULTS[name] if getattr(args, name) is None else getattr(args, name)
+                   for name in ("steps", "nproc", "timeout", "delta", "every")})
     from .report import write_report
     result = write_report(args.out, {args.target: params}, show_code=args.show_code,
                           title=f"diagkit report: {args.target}")
+    return _report_exit(result, args.fail_on)
+
+
+def _report_saved(args) -> int:
+    """Render a saved diagnosis: checked whole here, before a kernel starts or OUT exists."""
+    if args.target is not None:
+        raise DiagkitError(f"give a TARGET to run ({args.target}) or --from DIR to render a "
+                           "saved diagnosis, not both")
+    given = [flag for dest, flag in _RUN_ONLY.items() if getattr(args, dest) is not None]
+    if given:
+        raise DiagkitError(f"{', '.join(given)}: only for running a TARGET; --from renders "
+                           "the saved diagnosis as it was run")
+    _check_writable(args.out, "--out")
+    saved, out = Path(args.saved), Path(args.out)
+    if saved.exists() and out.exists() and os.path.samefile(saved, out):
+        raise DiagkitError(f"--out {args.out} is the saved diagnosis itself: choose another")
+    from .notebook import load_saved
+    load_saved(args.saved)
+    from .report import write_report
+    result = write_report(args.out, {args.saved: {"diagnosis": args.saved}},
+                          show_code=args.show_code, title=f"diagkit report: {args.saved}")
     return _report_exit(result, args.fail_on)
 
 

@@ -130,14 +130,25 @@ def check_parameters(namespace: dict, notebook: str = DIAGNOSE) -> dict:
     """Called by a notebook right after its parameters: reject names papermill injected but
     the notebook does not declare, and wrong values, before any work starts. The contract is
     the parameters cell the kernel ran, else the shipped notebook's."""
-    declared = _from_history(namespace) or parameters(notebook)
-    injected: dict = {}
+    known = declared(namespace, notebook)
+    _refuse_unknown(dict.fromkeys(injected(namespace)), known)
+    return _validate({name: namespace[name] for name in known if name in namespace}, known)
+
+
+def declared(namespace: dict, notebook: str = DIAGNOSE) -> dict[str, Parameter]:
+    """The contract a running notebook answers to: the parameters cell the kernel ran, else
+    the shipped notebook's."""
+    return _from_history(namespace) or parameters(notebook)
+
+
+def injected(namespace: dict) -> set[str]:
+    """The names papermill set (its injected `# Parameters` cells in the kernel's history):
+    what the caller passed on purpose, as opposed to the cell's defaults."""
+    names: set[str] = set()
     for source in namespace.get("In", []) or []:
         if isinstance(source, str) and source.startswith(_INJECTED_HEADER):
-            injected.update(_assigned_names(source))
-    _refuse_unknown(injected, declared)
-    return _validate({name: namespace[name] for name in declared if name in namespace},
-                     declared)
+            names.update(_assigned_names(source))
+    return names
 
 
 def _refuse_unknown(values: dict, declared: dict) -> None:

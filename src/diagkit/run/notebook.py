@@ -1,20 +1,36 @@
-"""The calls the diagnosis notebook's cells make: check its parameters, run the diagnosis,
-write its data files, show a figure, and the explorer. The same `notebooks/diagnose.ipynb` runs
-in JupyterLab, headless under papermill, and behind `diagkit report`.
+"""The calls the diagnosis notebook's cells make: check its parameters, run the diagnosis (or
+load a saved one), write its data files, show a figure, and the explorer. The same
+`notebooks/diagnose.ipynb` runs in JupyterLab, headless under papermill, and behind
+`diagkit report` (`report TARGET` runs, `report --from DIR` loads).
 """
 
 from __future__ import annotations
 
+import html
 import io
 from pathlib import Path
 
+from ..core.errors import DiagkitError
 from ..core.files import write_json_atomic
+from ..core.format import one_line
+from ..core.schema import PARAMS_COLUMNS, STEPS_COLUMNS
 from . import contract
 
 
 def check_parameters(namespace: dict) -> dict:
-    """The notebook's parameters, checked against its parameters cell (`diagkit.run.contract`)."""
-    return contract.check_parameters(namespace, contract.DIAGNOSE)
+    """The notebook's parameters, checked against its parameters cell (`diagkit.run.contract`).
+
+    `target` has a default (a demo) so the notebook runs as it is; setting `diagnosis` as well
+    is refused only when `target` was set too (papermill passed it, or it is not the default),
+    since then one of the two would be silently ignored."""
+    settings = contract.check_parameters(namespace, contract.DIAGNOSE)
+    if settings.get("diagnosis") and "target" in settings:
+        default = contract.declared(namespace, contract.DIAGNOSE)["target"].default
+        if "target" in contract.injected(namespace) or settings["target"] != default:
+            raise DiagkitError(f"set either target ({settings['target']!r}: run it) or "
+                               f"diagnosis ({settings['diagnosis']!r}: load that saved run), "
+                               "not both")
+    return settings
 
 
 def validate(values: dict) -> dict:
@@ -23,13 +39,56 @@ def validate(values: dict) -> dict:
 
 
 def run(settings: dict):
-    """Load the target (and checkpoint) and diagnose it: what the notebook's run cell does."""
+    """Load the target (and checkpoint) and diagnose it, or load the saved diagnosis the
+    `diagnosis` parameter names: what the notebook's run cell does."""
+    if settings.get("diagnosis"):
+        return load_saved(settings["diagnosis"])
     from .api import run_target  # torch only when a run starts: `diagkit report` validates first
     return run_target(settings["target"], settings["target_args"], steps=settings["steps"],
                       checkpoint=settings["checkpoint"] or None,
                       trust_checkpoint=settings["trust_checkpoint"], nproc=settings["nproc"],
                       timeout=settings["timeout"], delta=settings["delta"],
                       every=settings["every"])
+
+
+def load_saved(path):
+    """The diagnosis `Diagnosis.save` wrote to `path`, or a one-line DiagkitError saying why
+    not. A relative path is read from the working folder, as the `checkpoint` parameter is.
+
+    `diagkit.load` trusts its folder; here it may be anything a user typed, copied off a GPU
+    node half-way, or written by another version, so every failure becomes one sentence, and
+    the columns the notebook's cells read are checked before any cell reads them."""
+    from ..core.result import load
+    folder = Path(path)
+    where = str(path) if folder.is_absolute() else f"{path} (from {Path.cwd()})"
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise DiagkitError(f"saved diagnosis {where} {what}")
+    try:
+        diag = load(folder)
+    except DiagkitError:
+        raise
+    except Exception as exc:  # a truncated parquet, bad JSON, a missing file, a wrong key
+        raise DiagkitError(f"saved diagnosis {where} is unreadable (corrupt or incomplete): "
+                           f"{type(exc).__name__}: {one_line(exc)[:200]}") from None
+    for table, columns in (("params", PARAMS_COLUMNS), ("steps", STEPS_COLUMNS)):
+        missing = [c for c in columns if c not in getattr(diag, table).columns]
+        if missing:
+            raise DiagkitError(f"saved diagnosis {where} is incomplete: its {table} table "
+                               f"lacks {', '.join(missing[:5])}")
+    if not isinstance(diag.advice, dict) or not isinstance(diag.meta, dict):
+        raise DiagkitError(f"saved diagnosis {where} is corrupt: advice and meta must be "
+                           "JSON objects")
+    return diag
+
+
+def origin_html(settings: dict) -> str:
+    """One line above the banner saying where a loaded diagnosis came from (a report rendered
+    later from a saved run must not read as if it had just run); empty for a run."""
+    if not settings.get("diagnosis"):
+        return ""
+    return (f"<p>Saved diagnosis loaded from <code>{html.escape(str(settings['diagnosis']))}"
+            "</code> (not run again).</p>")
 
 
 def show(fig):

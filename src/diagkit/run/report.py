@@ -43,7 +43,7 @@ def write_report(out, sections: dict[str, dict], show_code: bool = False,
     """
     import nbformat
 
-    checked = {name: check(params) for name, params in sections.items()}
+    checked = {name: _given(params, check(params)) for name, params in sections.items()}
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DiagkitError(f"{out} exists and is not a folder")
@@ -80,8 +80,6 @@ def _execute(params: dict, data_dir: Path, output: Path, notebook: str, label: s
 
     data_dir.mkdir(parents=True, exist_ok=True)
     parameters = {**params, "out_dir": str(data_dir)}
-    if "interactive" in params:
-        parameters["interactive"] = False  # widgets need a live kernel
     error = None
     try:
         papermill.execute_notebook(
@@ -101,6 +99,17 @@ def _execute(params: dict, data_dir: Path, output: Path, notebook: str, label: s
         nb.cells.insert(0, nbformat.v4.new_markdown_cell(
             f"**This report is incomplete.** {_md_escape(error)}"))
     return nb, error
+
+
+def _given(params: dict, checked: dict) -> dict:
+    """The checked values of the parameters the caller gave, for papermill to inject: the rest
+    keep the cell's defaults, so the notebook can tell a parameter set on purpose from its
+    default (`target` and `diagnosis` together are refused). `interactive` is always False:
+    widgets need a live kernel."""
+    given = {name: value for name, value in checked.items() if name in params}
+    if "interactive" in checked:
+        given["interactive"] = False
+    return given
 
 
 def _to_html(nb, show_code: bool) -> str:

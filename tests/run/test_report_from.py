@@ -1,0 +1,153 @@
+"""`diagkit report --from DIR`: render a saved diagnosis without running anything (issue 12,
+item 4). Real subprocesses: `check --save` (and `Diagnosis.save`) write the folders, `report
+--from` renders them; bad folders and bad option mixes are one line, exit 2, no OUT."""
+
+from __future__ import annotations
+
+import html
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import diagkit
+from samples import failing_run
+from test_cli import assert_one_line_error, run
+
+CHECKPOINT = Path(__file__).resolve().parents[2] / "data" / "finetune_heads_pretrain.pt"
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Saved diagnoses: a finetune run with a checkpoint and a 2-rank run (both by `check
+    --save`), and a run whose step 1 failed (by `Diagnosis.save`)."""
+    d = tmp_path_factory.mktemp("saved")
+    checks = {"ft": ["check", "diagkit.demos:finetune_heads", "--checkpoint", CHECKPOINT,
+                     "--steps", "2", "--save", "ft"],
+              "ranks": ["check", "diagkit.demos:rank_branch", "--nproc", "2", "--steps", "3",
+                        "--save", "ranks"]}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        procs = {k: pool.submit(run, *args, cwd=d) for k, args in checks.items()}
+        for name, proc in procs.items():
+            assert proc.result().returncode == 0, proc.result().stderr
+    failing_run(1).save(d / "failed")
+    return d
+
+
+@pytest.fixture(scope="module")
+def reports(saved):
+    """Each saved diagnosis rendered, concurrently; `ft` by a relative --from, from its folder."""
+    cases = {"ft": ["--from", "ft", "--out", "r_ft", "--fail-on", "warning"],
+             "ranks": ["--from", saved / "ranks", "--out", saved / "r_ranks"],
+             "failed": ["--from", saved / "failed", "--out", saved / "r_failed"]}
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        procs = {k: pool.submit(run, "report", *args, cwd=saved) for k, args in cases.items()}
+        return {k: p.result() for k, p in procs.items()}
+
+
+def test_report_from_renders_the_saved_findings_and_verdicts(saved, reports):
+    proc, out = reports["ft"], saved / "r_ft"
+    assert proc.returncode == 1, proc.stderr  # --fail-on warning: the unused heads
+    assert str((out / "report.html").resolve()) in proc.stdout
+    assert {"report.html", "report.ipynb", "params.csv", "steps.csv", "findings.json"} <= {
+        p.name for p in out.iterdir()}
+    diag = diagkit.load(saved / "ft")
+    written = json.loads((out / "findings.json").read_text())
+    assert written["findings"] == [f.to_dict() for f in diag.findings]
+    assert written["worst"] == diag.worst() == "warning"
+    params = pd.read_csv(out / "params.csv")
+    assert dict(zip(params["name"], params["verdicts"])) == {
+        n: " ".join(v) for n, v in zip(diag.params["name"], diag.params["verdicts"])}
+    page = (out / "report.html").read_text()
+    assert "Saved diagnosis loaded from <code>ft</code>" in page
+    for f in diag.findings:
+        assert f.code in page and html.escape(f.module) in page, f.code
+    for name, verdicts in diag.verdicts().items():
+        if verdicts != {"ok"}:
+            assert html.escape(name) in page, name
+    assert "19 tensors loaded" in page and "18.6 KiB" in page  # the checkpoint report
+    assert page.count("<img") >= 3
+
+
+def test_report_from_a_distributed_run_shows_the_per_rank_view(saved, reports):
+    proc, out = reports["ranks"], saved / "r_ranks"
+    assert proc.returncode == 0, proc.stderr  # rank-dependent use is a warning
+    page = (out / "report.html").read_text()
+    assert "2 ranks (0–1), 3 steps observed" in page
+    assert "module.aux.weight" in page and "rank 0: never" in page
+    header = (out / "steps.csv").read_text().splitlines()[0]
+    assert header.startswith("rank,step,name,") and header.endswith(",checksum")
+
+
+def test_fail_on_and_the_failure_of_a_saved_run(saved, reports):
+    proc, out = reports["failed"], saved / "r_failed"
+    assert proc.returncode == 1, proc.stderr  # step_failed is an error, the default --fail-on
+    page = (out / "report.html").read_text()
+    assert "step_failed" in page and "boom" in page
+    assert "This report is incomplete" not in page
+
+
+# ------------------------------------------------------------------ bad input
+def _corrupt(saved: Path, root: Path) -> None:
+    """Folders that are not (whole) saved diagnoses, and a plain file."""
+    (root / "a_file").write_text("not a folder\n")
+    (root / "not_saved").mkdir()
+    (root / "not_saved" / "notes.txt").write_text("hello\n")
+    for name in ("bad_json", "truncated", "no_steps", "bad_columns"):
+        shutil.copytree(saved / "ft", root / name)
+    (root / "bad_json" / "run.json").write_text("{ not json")
+    parquet = (root / "truncated" / "params.parquet").read_bytes()
+    (root / "truncated" / "params.parquet").write_bytes(parquet[: len(parquet) // 2])
+    (root / "no_steps" / "steps.parquet").unlink()
+    pd.DataFrame({"x": [1]}).to_parquet(root / "bad_columns" / "steps.parquet")
+
+
+BAD = {
+    "neither": (["report", "--out", "OUT"], ["TARGET", "--from"]),
+    "both": (["report", "diagkit.demos:clean", "--from", "SAVED", "--out", "OUT"],
+             ["not both"]),
+    "steps": (["report", "--from", "SAVED", "--out", "OUT", "--steps", "2"], ["--steps"]),
+    "nproc_arg": (["report", "--from", "SAVED", "--out", "OUT", "--nproc", "1", "--arg", "a=1"],
+                  ["--arg", "--nproc"]),
+    "checkpoint": (["report", "--from", "SAVED", "--out", "OUT", "--checkpoint", "x.pt",
+                    "--trust-checkpoint"], ["--checkpoint", "--trust-checkpoint"]),
+    "missing": (["report", "--from", "no_such_dir", "--out", "OUT"],
+                ["no_such_dir", "does not exist"]),
+    "a_file": (["report", "--from", "a_file", "--out", "OUT"], ["a_file", "not a folder"]),
+    "not_saved": (["report", "--from", "not_saved", "--out", "OUT"],
+                  ["not_saved", "not a saved diagnosis"]),
+    "bad_json": (["report", "--from", "bad_json", "--out", "OUT"], ["bad_json", "corrupt"]),
+    "truncated": (["report", "--from", "truncated", "--out", "OUT"], ["truncated", "corrupt"]),
+    "no_steps": (["report", "--from", "no_steps", "--out", "OUT"], ["no_steps", "steps"]),
+    "bad_columns": (["report", "--from", "bad_columns", "--out", "OUT"],
+                    ["bad_columns", "steps table lacks"]),
+    "out_is_saved": (["report", "--from", "SAVED", "--out", "SAVED"], ["--out", "itself"]),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_runs(saved, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad")
+    _corrupt(saved, root)
+
+    def case(name, args):
+        spelled = [str(saved / "ft") if a == "SAVED" else str(root / f"out_{name}")
+                   if a == "OUT" else a for a in args]
+        return run(*spelled, cwd=root)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {name: pool.submit(case, name, args) for name, (args, _) in BAD.items()}
+        return root, {name: f.result() for name, f in futures.items()}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_report_from_is_one_line_exit_2_and_writes_nothing(saved, bad_runs, case):
+    root, procs = bad_runs
+    line = assert_one_line_error(procs[case])
+    for word in BAD[case][1]:
+        assert word in line, (word, line)
+    assert not (root / f"out_{case}").exists()
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]  # no scratch folder
+    assert diagkit.load(saved / "ft").findings  # the saved diagnosis is untouched
