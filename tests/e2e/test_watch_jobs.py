@@ -137,3 +137,20 @@ def test_a_run_shorter_than_steps_is_saved_when_the_process_exits(tmp_path):
     diag = diagkit.load(tmp_path / "diag")
     assert diag.meta["steps_observed"] == 3 and diag.failure is None
     assert set().union(*diag.verdicts().values()) == {"ok"}
+
+
+def test_report_true_renders_the_html_report_beside_the_saved_diagnosis(tmp_path):
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    w = diagkit.watch(model, opt, steps=2, out=tmp_path / "diag", report=True)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.ones(3, 4)).sum().backward()
+        opt.step()
+    html = (tmp_path / "diag" / "report" / "report.html").read_text()
+    assert w.done and "orphan" in html and "1.weight" in html
+    assert diagkit.load(tmp_path / "diag").verdicts() == w.diagnosis.verdicts()
+    with pytest.raises(diagkit.DiagkitError, match="needs out=DIR"):
+        diagkit.watch(model, opt, report=True)

@@ -37,26 +37,32 @@ from .watch_ranks import assemble
 
 def watch(model, optimizer_or_list, *, steps: int = DEFAULTS["watch_steps"],
           every: int = DEFAULTS["every"], delta: str = DEFAULTS["delta"],
-          sample: int = DEFAULTS["sample"], out=None,
+          sample: int = DEFAULTS["sample"], out=None, report: bool = False,
           timeout: float = DEFAULTS["timeout"]) -> "Watch":
     """Observe the next `steps` observed optimizer steps of the user's own loop (steps 0,
     every, 2*every, ... counted from now), then detach and judge.
 
     `model`, `optimizer_or_list`: as the loop holds them (DDP, DataParallel, `torch.compile`,
     accelerate and Lightning wrappers are seen through). `out`: a folder the diagnosis is saved
-    to (`diagkit.load`); under a process group only rank 0 writes it. `timeout`: seconds rank 0
-    waits at the end for the other ranks' observations.
+    to (`diagkit.load`); under a process group only rank 0 writes it. `report`: also render the
+    HTML report into `out/report/` at the end (a notebook kernel runs for some seconds then).
+    `timeout`: seconds rank 0 waits at the end for the other ranks' observations.
     """
     return Watch(model, optimizer_or_list, steps=steps, every=every, delta=delta,
-                 sample=sample, out=out, timeout=timeout)
+                 sample=sample, out=out, report=report, timeout=timeout)
 
 
 class Watch:
     """A watch in progress or done. `diagnosis`: the result (None on ranks other than 0);
     `stop()` ends it early; as a context manager it ends at the block's exit."""
 
-    def __init__(self, model, optimizer_or_list, *, steps, every, delta, sample, out, timeout):
+    def __init__(self, model, optimizer_or_list, *, steps, every, delta, sample, out, report,
+                 timeout):
         check_run_options(steps=steps, delta=delta, every=every, sample=sample)
+        if report and out is None:
+            raise DiagkitError("report=True needs out=DIR: the report is rendered from the "
+                               "diagnosis saved there")
+        self.report = bool(report)
         inner, self.wrappers = unwrap_model(model)
         optimizers = unwrap_optimizers(optimizer_or_list)
         self.out = None if out is None else Path(out)
@@ -170,6 +176,11 @@ class Watch:
             return
         try:
             self._diagnosis.save(self.out)
+            if self.report:
+                from .report import write_report
+                saved = str(self.out.resolve())
+                write_report(self.out / "report", {saved: {"diagnosis": saved}},
+                             title=f"diagkit watch: {saved}")
         except (OSError, DiagkitError) as exc:
             warnings.warn(f"diagkit: could not save the diagnosis to {self.out}: {exc} "
                           "(it is still in Watch.diagnosis)", stacklevel=2)
