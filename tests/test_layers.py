@@ -1,5 +1,6 @@
 """The package's layering, checked from its source: imports point one way
-(run -> present -> judge -> measure -> core) and no module imports itself back through others.
+(integrations -> run -> present -> judge -> measure -> core) and no module imports itself back
+through others. `integrations` (the framework callbacks, optional extras) sits on top of run.
 
 The one allowed upward edge is the display protocol: a result type's `_repr_html_` (IPython
 looks for it on the object) renders itself through `diagkit.present`, lazily.
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-LAYERS = {"core": 0, "measure": 1, "judge": 2, "present": 3, "run": 4, "demos": 4}
+LAYERS = {"core": 0, "measure": 1, "judge": 2, "present": 3, "run": 4, "demos": 4,
+          "integrations": 5}
 DISPLAY_METHODS = {"_repr_html_"}
 
 

@@ -1,0 +1,88 @@
+"""Callbacks that put `diagkit.watch` on the training loops of frameworks (optional extras).
+
+    from diagkit.integrations.transformers import DiagkitCallback  # diagkit[transformers]
+    from diagkit.integrations.lightning import DiagkitCallback     # diagkit[lightning]
+    from diagkit.integrations.pytorch_lightning import DiagkitCallback  # pytorch_lightning
+
+Each module imports its framework itself, so the rest of diagkit never does (a test checks
+that `import diagkit` loads none of them). accelerate needs no callback: `watch` sees through
+what `accelerator.prepare` returns.
+
+What the callbacks share lives here: checking watch's keyword arguments when the callback is
+built (a typo must fail before the model loads, not minutes later when training begins), and
+one `Attachment` per training run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+
+from ..core.errors import DiagkitError
+from ..core.files import check_replaceable_dir
+from ..core.options import check_run_options
+from ..run.gather import distributed
+from ..run.watch import Watch, watch
+
+
+def require(module: str, user: str, install: str):
+    """Import a framework for `user` (a diagkit module), or one line saying how to install it
+    (`install`: "diagkit[transformers]", ...)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise DiagkitError(f"{user} needs {module} ({exc}): pip install {install}") from None
+
+
+def checked_options(options: dict, who: str) -> dict:
+    """`options` for `watch(model, optimizers, **options)`, checked as watch checks them.
+
+    Names are taken from watch's own signature, so an option watch gains later passes through
+    unchanged; values go through watch's own checks (`check_run_options`, and `out` must be a
+    folder diagkit may replace).
+    """
+    params = inspect.signature(watch).parameters
+    allowed = [name for name, p in params.items() if p.kind is p.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise DiagkitError(f"{who} got unknown option{'s' * (len(unknown) > 1)} "
+                           f"{', '.join(map(repr, unknown))}; diagkit.watch takes "
+                           f"{', '.join(allowed)}")
+    check_run_options(**{name: options.get(name, params[name].default)
+                         for name in ("steps", "delta", "every", "sample")})
+    if options.get("out") is not None:
+        check_replaceable_dir(Path(options["out"]), marker="run.json")
+    return dict(options)
+
+
+class Attachment:
+    """The watch of one training run of a framework's trainer: started as training begins,
+    stopped as it ends (a second `fit()`/`train()` gets a new one)."""
+
+    def __init__(self, options: dict):
+        self.options = options
+        self.watch: Watch | None = None
+
+    def start(self, model, optimizers, *, main_process: bool) -> Watch:
+        """Watch `model` under `optimizers`. Only the main process writes `out`: under a process
+        group watch itself leaves it to rank 0 (every rank must still watch, to be gathered);
+        without one (several processes that share no group) the others get no `out`."""
+        self.stop()
+        if optimizers is None or (isinstance(optimizers, (list, tuple)) and not optimizers):
+            raise DiagkitError("the trainer has no optimizer yet: nothing to watch")
+        options = dict(self.options)
+        if not main_process and not distributed():
+            options["out"] = None
+        self.watch = watch(model, optimizers, **options)
+        return self.watch
+
+    def stop(self) -> None:
+        """End the watch (judge and save what it saw); nothing if none runs."""
+        if self.watch is not None and not self.watch.done:
+            self.watch.stop()
+
+    @property
+    def diagnosis(self):
+        """The last run's `Diagnosis` (None before training, and on ranks other than 0)."""
+        return None if self.watch is None else self.watch.diagnosis

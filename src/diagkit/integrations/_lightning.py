@@ -1,0 +1,64 @@
+"""The Lightning callback, built on either Lightning package's `Callback` (see
+`diagkit.integrations.lightning` for why there are two, and for use).
+
+Why `on_train_start`: `trainer.optimizers` exist from `strategy.setup` on, but a checkpoint's
+optimizer state is restored and the sanity check runs after `on_fit_start`; at
+`on_train_start` everything is in place and no optimizer has stepped. `trainer.optimizers` are
+the torch optimizers themselves; the LightningModule holds the parameters under their own names
+(not the `_forward_module.` names of the strategy's wrapper). With automatic optimization the
+forward and backward run inside `optimizer.step(closure)`: still one optimizer step per step,
+accumulated batches (`accumulate_grad_batches`) included.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from . import Attachment, checked_options, require
+
+
+def callback_class(package: str, module: str, install: str) -> type:
+    """`DiagkitCallback` on `package`'s Callback ("lightning.pytorch" or "pytorch_lightning"),
+    as the diagkit module `module` exports it."""
+    framework = require(package, module, install)
+    top = package.split(".")[0]
+
+    class DiagkitCallback(framework.Callback):
+        """Watch the Trainer's fit. Keyword arguments are `diagkit.watch`'s (`steps`, `every`,
+        `delta`, `sample`, `out`, ...), passed to it unchanged and checked now.
+
+        It detaches by itself after `steps` observed optimizer steps, or when training ends or
+        raises. `watch`: the `diagkit.Watch` of the last fit; `diagnosis`: its result (None on
+        ranks other than 0). Only the global-zero process writes `out`.
+        """
+
+        def __init__(self, **watch_options):
+            super().__init__()
+            self._run = Attachment(checked_options(watch_options, "DiagkitCallback"))
+
+        @property
+        def watch(self):
+            return self._run.watch
+
+        @property
+        def diagnosis(self):
+            return self._run.diagnosis
+
+        def on_train_start(self, trainer, pl_module):
+            theirs = type(trainer).__module__.split(".")[0]
+            if theirs != top:  # works (Lightning duck-types callbacks), but is the wrong class
+                warnings.warn(f"diagkit: this DiagkitCallback is {top}'s but the Trainer is "
+                              f"{theirs}'s; import it from diagkit.integrations.{theirs}",
+                              stacklevel=2)
+            self._run.start(pl_module, list(trainer.optimizers),
+                            main_process=trainer.is_global_zero)
+
+        def on_train_end(self, trainer, pl_module):
+            self._run.stop()
+
+        def on_exception(self, trainer, pl_module, exception):
+            self._run.stop()  # the steps before the error are kept and judged
+
+    DiagkitCallback.__module__ = module
+    DiagkitCallback.__qualname__ = "DiagkitCallback"
+    return DiagkitCallback

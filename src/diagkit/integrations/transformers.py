@@ -1,0 +1,52 @@
+"""`diagkit.watch` on a Hugging Face `Trainer` run, as one callback
+(pip install diagkit[transformers]).
+
+    trainer = Trainer(model=model, args=args, train_dataset=data,
+                      callbacks=[DiagkitCallback(steps=20, out="diag/")])
+    trainer.train()                 # diag/ holds the diagnosis; diagkit.load("diag/")
+
+Why at `on_train_begin`: that is the first event after the Trainer has built (or taken) its
+optimizer and run `accelerator.prepare`, and after its own `model.zero_grad()`; it hands the
+callback `model` (the Trainer's model, under any DDP wrapping) and `optimizer` (accelerate's
+`AcceleratedOptimizer`, which `watch` sees through to the torch optimizer whose `step()` really
+runs: accumulation micro-batches and skipped steps are not optimizer steps). A step is one
+optimizer step, i.e. one `state.global_step`. The Trainer clears gradients with
+`model.zero_grad()`, so a tensor left out of the optimizer is `orphan` alone: its `.grad` is
+cleared too.
+"""
+
+from __future__ import annotations
+
+from . import Attachment, checked_options, require
+
+require("transformers", __name__, "diagkit[transformers]")
+
+from transformers import TrainerCallback  # noqa: E402  (after the one-line install hint)
+
+
+class DiagkitCallback(TrainerCallback):
+    """Watch the Trainer's training run. Keyword arguments are `diagkit.watch`'s (`steps`,
+    `every`, `delta`, `sample`, `out`, ...), passed to it unchanged and checked now.
+
+    It detaches by itself after `steps` observed optimizer steps, or when training ends.
+    `watch`: the `diagkit.Watch` of the last `train()`; `diagnosis`: its result (None on
+    processes other than the main one). Only the main process writes `out`. A `train()` that
+    raises sends no event: reading `diagnosis` then ends the watch, keeping the steps before.
+    """
+
+    def __init__(self, **watch_options):
+        self._run = Attachment(checked_options(watch_options, "DiagkitCallback"))
+
+    @property
+    def watch(self):
+        return self._run.watch
+
+    @property
+    def diagnosis(self):
+        return self._run.diagnosis
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        self._run.start(model, optimizer, main_process=state.is_world_process_zero)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._run.stop()

@@ -1,0 +1,34 @@
+"""The frameworks are optional extras: diagkit, its command line and the integrations package
+itself import none of them; only `diagkit.integrations.<framework>` does, when it is used."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+FRAMEWORKS = ("transformers", "lightning", "pytorch_lightning", "accelerate", "peft")
+
+
+def loaded_after(statement: str) -> list[str]:
+    code = (f"import sys; {statement}; "
+            f"print(','.join(m for m in {FRAMEWORKS!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [m for m in done.stdout.strip().split(",") if m]
+
+
+def test_diagkit_and_the_integrations_package_import_no_framework():
+    assert loaded_after("import diagkit, diagkit.integrations, diagkit.run.cli, "
+                        "diagkit.run.watch") == []
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None
+                        for m in ("lightning", "pytorch_lightning")),
+                    reason="needs both Lightning packages")
+def test_each_integration_imports_its_own_framework_only():
+    assert "pytorch_lightning" not in loaded_after("import diagkit.integrations.lightning")
+    assert "lightning" not in loaded_after("import diagkit.integrations.pytorch_lightning")
