@@ -218,6 +218,8 @@ def test_bad_objects_are_one_line_errors(args, message):
     ({"steps": 0}, "steps must be a positive int"),
     ({"every": -1}, "every must be a positive int"),
     ({"delta": "fast"}, "delta must be one of"),
+    ({"timeout": -1}, "timeout must be a positive number of seconds"),
+    ({"timeout": "60"}, "timeout must be a positive number of seconds"),
 ])
 def test_bad_options_are_one_line_errors(kwargs, message):
     model, opt = dead_head()

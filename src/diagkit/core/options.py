@@ -42,6 +42,13 @@ def positive_int(value, label: str, error: type[Exception] = DiagkitError, what:
     return value
 
 
+def positive_seconds(value, label: str, error: type[Exception] = DiagkitError):
+    """`value` if it is a finite number of seconds > 0 (a bool is not), else `error`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
+        raise error(f"{label} must be a positive number of seconds, got {value!r}")
+    return value
+
+
 def delta_mode(value, label: str = "delta", error: type[Exception] = DiagkitError) -> str:
     if value not in DELTA_MODES:
         raise error(f"{label} must be one of {', '.join(DELTA_MODES)}, got {value!r}")

@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from pathlib import Path
 
 from ..core.errors import DiagkitError
-from ..core.files import check_replaceable_dir
-from ..core.options import check_run_options
 from ..run.gather import distributed
-from ..run.watch import Watch, watch
+from ..run.watch import Watch, check_watch_options, watch
 
 
 def require(module: str, user: str, install: str):
@@ -39,8 +36,7 @@ def checked_options(options: dict, who: str) -> dict:
     """`options` for `watch(model, optimizers, **options)`, checked as watch checks them.
 
     Names are taken from watch's own signature, so an option watch gains later passes through
-    unchanged; values go through watch's own checks (`check_run_options`, and `out` must be a
-    folder diagkit may replace).
+    unchanged; values go through watch's own checks (`check_watch_options`).
     """
     params = inspect.signature(watch).parameters
     allowed = [name for name, p in params.items() if p.kind is p.KEYWORD_ONLY]
@@ -49,10 +45,7 @@ def checked_options(options: dict, who: str) -> dict:
         raise DiagkitError(f"{who} got unknown option{'s' * (len(unknown) > 1)} "
                            f"{', '.join(map(repr, unknown))}; diagkit.watch takes "
                            f"{', '.join(allowed)}")
-    check_run_options(**{name: options.get(name, params[name].default)
-                         for name in ("steps", "delta", "every", "sample")})
-    if options.get("out") is not None:
-        check_replaceable_dir(Path(options["out"]), marker="run.json")
+    check_watch_options(**{name: options.get(name, params[name].default) for name in allowed})
     return dict(options)
 
 

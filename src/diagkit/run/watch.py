@@ -23,7 +23,7 @@ import torch
 
 from ..core.errors import DiagkitError
 from ..core.files import check_replaceable_dir
-from ..core.options import DEFAULTS, check_run_options
+from ..core.options import DEFAULTS, check_run_options, positive_seconds
 from ..core.result import Diagnosis, StepFailure
 from ..measure.ddp_facts import ddp_facts
 from ..measure.inventory import take_inventory
@@ -52,22 +52,31 @@ def watch(model, optimizer_or_list, *, steps: int = DEFAULTS["watch_steps"],
                  sample=sample, out=out, report=report, timeout=timeout)
 
 
+def check_watch_options(*, steps, every, delta, sample, out, report, timeout) -> None:
+    """Every option of `watch` checked before anything is attached (the callbacks check theirs
+    with it as they are built): a bad one, or an `out` that cannot be written, fails now, not
+    after training."""
+    check_run_options(steps=steps, delta=delta, every=every, sample=sample)
+    positive_seconds(timeout, "timeout")
+    if report and out is None:
+        raise DiagkitError("report=True needs out=DIR: the report is rendered from the "
+                           "diagnosis saved there")
+    if out is not None:
+        check_replaceable_dir(Path(out), marker="run.json")
+
+
 class Watch:
     """A watch in progress or done. `diagnosis`: the result (None on ranks other than 0);
     `stop()` ends it early; as a context manager it ends at the block's exit."""
 
     def __init__(self, model, optimizer_or_list, *, steps, every, delta, sample, out, report,
                  timeout):
-        check_run_options(steps=steps, delta=delta, every=every, sample=sample)
-        if report and out is None:
-            raise DiagkitError("report=True needs out=DIR: the report is rendered from the "
-                               "diagnosis saved there")
+        check_watch_options(steps=steps, every=every, delta=delta, sample=sample, out=out,
+                            report=report, timeout=timeout)
         self.report = bool(report)
         inner, self.wrappers = unwrap_model(model)
         optimizers = unwrap_optimizers(optimizer_or_list)
         self.out = None if out is None else Path(out)
-        if self.out is not None:
-            check_replaceable_dir(self.out, marker="run.json")  # fail now, not after training
         self.inventory = take_inventory(inner, optimizers)
         if not self.inventory.tensors:
             raise DiagkitError("the model has no parameters and the optimizers hold none: "
