@@ -349,3 +349,48 @@ def test_a_step_the_loss_scaler_skips_is_not_a_step():
     diag = w.diagnosis
     assert diag.meta["optimizer_steps"] == 2 and sorted(diag.steps["step"].unique()) == [0, 1]
     assert set().union(*diag.verdicts().values()) == {"ok"}
+
+
+def test_a_backward_inside_step_closure_is_read_as_the_optimizer_saw_it():
+    """Lightning and LBFGS run forward and backward inside optimizer.step(closure), after its
+    step pre-hook: the .grad it steps on (here clipped) is read when the step returns."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = diagkit.watch(model, opt, steps=3)
+
+    def closure():
+        opt.zero_grad()
+        loss = mse_loss(model, fixed_batch())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+        return loss
+    for _ in range(3):
+        opt.step(closure)
+    s = w.diagnosis.steps
+    clipped = s.groupby("step")["grad_total_norm"].apply(lambda x: float((x ** 2).sum() ** 0.5))
+    assert clipped.to_numpy() == pytest.approx([0.05] * 3, rel=1e-4)
+    assert (s["grad_norm"] > s["grad_total_norm"]).all()  # the fresh norm, before clipping
+    assert set().union(*w.diagnosis.verdicts().values()) == {"ok"}
+
+
+def test_gan_style_a_later_backward_does_not_rewrite_what_an_optimizer_saw():
+    """D steps, then G's loss back-propagates through D again: D's .grad as optD saw it stays."""
+    torch.manual_seed(0)
+    g_net, d_net = nn.Linear(3, 4), nn.Linear(4, 1)
+    opt_d = torch.optim.SGD(d_net.parameters(), lr=0.1)
+    opt_g = torch.optim.SGD(g_net.parameters(), lr=0.1)
+    model = nn.ModuleDict({"g": g_net, "d": d_net})
+    w = diagkit.watch(model, [opt_d, opt_g], steps=2)
+    seen = []
+    for _ in range(2):
+        opt_d.zero_grad()
+        d_net(g_net(torch.randn(5, 3)).detach()).mean().backward()
+        seen.append(float(d_net.weight.grad.norm()))
+        opt_d.step()
+        opt_g.zero_grad()
+        (-d_net(g_net(torch.randn(5, 3))).mean()).backward()  # lands on D's .grad too
+        opt_g.step()
+    s = w.diagnosis.steps
+    total = s[s["name"] == "d.weight"].sort_values("step")["grad_total_norm"].to_numpy()
+    assert total == pytest.approx(seen, rel=1e-6)

@@ -96,6 +96,10 @@ class BackwardHooks:
         st = obs.state
         st.backward_queued = False
         touched, st.touched = list(st.touched), set()
+        if obs.stepping is not None:  # inside an optimizer's step(closure)
+            obs.closure_backward(touched)
+        elif st.total_is_fresh:  # after an optimizer step of the same step (a GAN's G pass)
+            st.pin_totals(touched)
         own_grad, tensors = st.own_grad, obs.tensors
         own = dict(zip(touched, [tensors[k].grad for k in touched]))
         on_grad = [k for k in touched if k not in own_grad] if own_grad else touched

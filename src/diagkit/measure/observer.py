@@ -40,17 +40,21 @@ class Observer:
     `delta`: the probe that measures each step's change (`diagkit.measure.probes`).
     `checksums`: a value fingerprint per tensor and step, to compare ranks. `on_progress(event,
     step, observer)`: a watchdog's feed ("begin", "backward", "end"). `loop`: what the loop
-    running the steps guarantees (`LoopFacts`; nothing by default).
+    running the steps guarantees (`LoopFacts`; nothing by default). `step_ends`: the caller
+    also calls `step_ended(i)` as each optimizer step returns (its post-hook), so a backward
+    inside `optimizer.step(closure)` can be told apart from one after the step.
     """
 
     def __init__(self, inventory: Inventory, optimizers: list[torch.optim.Optimizer], *,
                  delta: str = DEFAULTS["delta"], sample: int = DEFAULTS["sample"],
                  checksums: bool = False, on_progress: Callable | None = None,
-                 loop: LoopFacts = LoopFacts()):
+                 loop: LoopFacts = LoopFacts(), step_ends: bool = False):
         self.inv, self.tensors, self.optimizers = inventory, inventory.tensors, optimizers
         self.n = n = len(self.tensors)
         self.checksums, self.on_progress, self.loop = checksums, on_progress, loop
         self.active = False          # between begin_step and end_step: hooks record
+        self.step_ends = step_ends
+        self.stepping: int | None = None  # the optimizer inside its step() (with step_ends)
         self.state: StepState | None = None
         self.losses: list[float] = []
         self.zero_grad_expected: set[int] = set()  # exactly-zero fresh gradients last step
@@ -140,6 +144,7 @@ class Observer:
     def begin_step(self, step: int | None = None, consecutive: bool = False) -> None:
         """Start observing a step. `consecutive`: nothing ran since the last `end_step`."""
         self.state = StepState.begin(len(self._records) if step is None else step, self.n)
+        self.stepping = None
         self.probe.begin(consecutive=consecutive)
         self.active = True
         self.progress("begin")
@@ -205,11 +210,28 @@ class Observer:
 
         def hook(*_args):
             if self.active:
+                if self.step_ends:
+                    self.stepping = i
                 for strategy in strategies:
                     strategy.at_optimizer_step(i, self.state)
                 if len(rest):
                     self._read_at_step(rest)
         return hook
+
+    def step_ended(self, i: int) -> None:
+        """Optimizer `i`'s step() returned (told by whoever holds its post-hook: `StepClock`).
+        What a backward inside that step (a closure) made stale is read again now, as the
+        optimizer saw it. Without this call a closure's .grad is read before it ran."""
+        self.stepping = None
+        if self.active:
+            self._read_at_step(self._read_by[i])
+
+    def closure_backward(self, touched: list[int]) -> None:
+        """A backward ended inside optimizer `stepping`'s step(): forget its stale reads."""
+        held = self._read_by[self.stepping]
+        stale = np.intersect1d(np.asarray(touched, dtype=np.int64), held[self.state.read[held]])
+        if len(stale):
+            self.state.forget_reads(stale)
 
     def _read_at_step(self, indices: np.ndarray) -> None:
         """What an optimizer sees as it steps: requires_grad, lr and .grad of what it holds."""

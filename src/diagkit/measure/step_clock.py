@@ -74,34 +74,39 @@ class StepClock:
 
     def _hook(self, i: int) -> Callable:
         def hook(*_args):
-            self._stepped.add(i)
-            if len(self._stepped) == len(self.optimizers):
-                self._stepped.clear()
-                self._in_hook = i
-                try:
-                    self._tick()
-                finally:
-                    self._in_hook = None
+            self._in_hook = i
+            try:
+                self._stepped_once(i)
+            except Exception as exc:  # never into the user's loop: stop, keep what was recorded
+                self.observing = False
+                self.on_done((f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            finally:
+                self._in_hook = None
         return hook
+
+    def _stepped_once(self, i: int) -> None:
+        """Optimizer `i` stepped: tell the observer; a step ends once every optimizer did."""
+        if self.observing:
+            self.obs.step_ended(i)
+        self._stepped.add(i)
+        if len(self._stepped) == len(self.optimizers):
+            self._stepped.clear()
+            self._tick()
 
     def _tick(self) -> None:
         """A step ended: record it if observed, then open the next observed one."""
-        try:
-            index, was_observing = self.count, self.observing
-            self.count += 1
-            if was_observing:
-                self.observing = False
-                self.obs.end_step()
-                self.observed += 1
-                self.on_step(index)
-                if self.observed >= self.steps:
-                    self.on_done(None)
-                    return
-            if self.count % self.every == 0:
-                self._open(self.count, consecutive=was_observing)
-        except Exception as exc:  # never into the user's loop: stop, keep what was recorded
+        index, was_observing = self.count, self.observing
+        self.count += 1
+        if was_observing:
             self.observing = False
-            self.on_done((f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            self.obs.end_step()
+            self.observed += 1
+            self.on_step(index)
+            if self.observed >= self.steps:
+                self.on_done(None)
+                return
+        if self.count % self.every == 0:
+            self._open(self.count, consecutive=was_observing)
 
     def _open(self, index: int, consecutive: bool) -> None:
         self.obs.begin_step(index, consecutive=consecutive)

@@ -75,6 +75,31 @@ class StepState:
                    requires_grad=np.zeros(n, dtype=bool), lr=np.full(n, math.nan),
                    on_grad=np.zeros(n, dtype=bool))
 
+    def forget_reads(self, ks: np.ndarray) -> None:
+        """Read `ks` again: a backward inside an optimizer's `step(closure)` (Lightning, LBFGS)
+        came after its step pre-hook read their .grad, so what it read was the old one."""
+        self.read[ks] = False
+        for k in ks.tolist():
+            self.total_norms.pop(k, None)
+        self.total_is_fresh = [a[~np.isin(a, ks)] for a in self.total_is_fresh]
+
+    def pin_totals(self, ks: list[int]) -> None:
+        """A later backward of the step reaches `ks`: where an optimizer already read .grad and
+        took its norm to be the fresh one, pin that norm now (the later backward supersedes the
+        fresh norms), so the total stays what the optimizer saw (a GAN's D before G's pass)."""
+        reused = (np.concatenate(self.total_is_fresh) if self.total_is_fresh
+                  else np.zeros(0, dtype=np.int64))
+        reused = set(reused.tolist())
+        pin = [k for k in ks if k in reused]
+        for k in pin:
+            for kk, values in reversed(self.fresh_norms):
+                where = np.flatnonzero(np.asarray(kk) == k)
+                if len(where):
+                    self.total_norms[k] = values[int(where[0])]
+                    break
+        if pin:
+            self.total_is_fresh = [a[~np.isin(a, pin)] for a in self.total_is_fresh]
+
     def release(self) -> None:
         """Drop the step's references to gradients (they may be large) once it is recorded."""
         self.own_grad = {}

@@ -85,7 +85,7 @@ class Watch:
         self.timeout, self.delta, self.every, self.steps = timeout, delta, every, steps
         self._ddp = model if "DistributedDataParallel" in self.wrappers else None
         self.observer = Observer(self.inventory, optimizers, delta=delta, sample=sample,
-                                 checksums=self.channel is not None)
+                                 checksums=self.channel is not None, step_ends=True)
         self.clock = StepClock(self.observer, optimizers, steps=steps, every=every,
                                on_step=self._published, on_done=self._done)
         self._diagnosis: Diagnosis | None = None
