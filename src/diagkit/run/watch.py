@@ -170,8 +170,10 @@ class Watch:
         self._save()
 
     def _release(self) -> None:
-        """Drop the observer: its buffers and records go with it (nothing is left behind)."""
+        """Drop the observer (its buffers and records go with it) and the process group's store:
+        nothing of the watch outlives it."""
         self.observer = self.clock.obs = None
+        self.channel = None
 
     def _meta(self) -> dict:
         return {"loop": "watch", "steps_requested": self.steps, "delta": self.delta,
