@@ -79,3 +79,19 @@ class Attachment:
     def diagnosis(self):
         """The last run's `Diagnosis` (None before training, and on ranks other than 0)."""
         return None if self.watch is None else self.watch.diagnosis
+
+
+class Watching:
+    """What every callback exposes: its options checked as it is built, `watch` (the
+    `diagkit.Watch` of the last training run) and `diagnosis` (its result)."""
+
+    def _start_watching(self, options: dict) -> None:
+        self._run = Attachment(checked_options(options, "DiagkitCallback"))
+
+    @property
+    def watch(self):
+        return self._run.watch
+
+    @property
+    def diagnosis(self):
+        return self._run.diagnosis

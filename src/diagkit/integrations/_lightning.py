@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import warnings
 
-from . import Attachment, checked_options, require
+from . import Watching, require
 
 
 def callback_class(package: str, module: str, install: str) -> type:
@@ -23,7 +23,7 @@ def callback_class(package: str, module: str, install: str) -> type:
     framework = require(package, module, install)
     top = package.split(".")[0]
 
-    class DiagkitCallback(framework.Callback):
+    class DiagkitCallback(framework.Callback, Watching):
         """Watch the Trainer's fit. Keyword arguments are `diagkit.watch`'s (`steps`, `every`,
         `delta`, `sample`, `out`, ...), passed to it unchanged and checked now.
 
@@ -34,15 +34,7 @@ def callback_class(package: str, module: str, install: str) -> type:
 
         def __init__(self, **watch_options):
             super().__init__()
-            self._run = Attachment(checked_options(watch_options, "DiagkitCallback"))
-
-        @property
-        def watch(self):
-            return self._run.watch
-
-        @property
-        def diagnosis(self):
-            return self._run.diagnosis
+            self._start_watching(watch_options)
 
         def on_train_start(self, trainer, pl_module):
             theirs = type(trainer).__module__.split(".")[0]

@@ -17,14 +17,14 @@ cleared too.
 
 from __future__ import annotations
 
-from . import Attachment, checked_options, require
+from . import Watching, require
 
 require("transformers", __name__, "diagkit[transformers]")
 
 from transformers import TrainerCallback  # noqa: E402  (after the one-line install hint)
 
 
-class DiagkitCallback(TrainerCallback):
+class DiagkitCallback(TrainerCallback, Watching):
     """Watch the Trainer's training run. Keyword arguments are `diagkit.watch`'s (`steps`,
     `every`, `delta`, `sample`, `out`, ...), passed to it unchanged and checked now.
 
@@ -35,15 +35,7 @@ class DiagkitCallback(TrainerCallback):
     """
 
     def __init__(self, **watch_options):
-        self._run = Attachment(checked_options(watch_options, "DiagkitCallback"))
-
-    @property
-    def watch(self):
-        return self._run.watch
-
-    @property
-    def diagnosis(self):
-        return self._run.diagnosis
+        self._start_watching(watch_options)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         self._run.start(model, optimizer, main_process=state.is_world_process_zero)
