@@ -49,6 +49,13 @@ def test_plain_main_loop_finds_the_name_filter_and_the_dead_module(tmp_path):
     assert v["aux_proj.weight"] == {"unused"} == v["aux_proj.bias"]
     assert v["encoder.0.weight"] == {"ok"} == v["encoder.2.weight"]
     assert diag.meta["steps_observed"] == 10 and "worst=error" in out.stdout
+    # later, anywhere: the saved watch result renders without running anything
+    cli = subprocess.run([sys.executable, "-m", "diagkit.run.cli", "report", "--from", "diag",
+                          "--out", "report"], cwd=tmp_path, env=ENV, capture_output=True,
+                         text=True, timeout=240)
+    assert cli.returncode == 1, cli.stderr[-2000:]  # findings at the default --fail-on error
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert "orphan" in html and "aux_proj" in html and "head.weight" in html
 
 
 @pytest.mark.parametrize("name", ["plain_loop.py", "torchrun_ddp.py"])
