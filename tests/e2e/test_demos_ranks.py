@@ -137,8 +137,9 @@ def ranks(tmp_path_factory) -> list[dict]:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+    from jobs import finished  # here: this file is also the ranks' script, run from e2e/
     for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{log[-3000:]}"
+        assert finished(p.returncode, log), f"rank {r} exited {p.returncode}:\n{log[-3000:]}"
     results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     for r, res in enumerate(results):
         assert res["errors"] == {}, f"rank {r}: {res['errors']}"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import diagkit
+from jobs import finished
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -37,7 +38,8 @@ def torchrun(*launcher: str, script: tuple[str, ...] = ()) -> list[str]:
 def run(cmd, cwd, timeout=240):
     done = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True,
                           timeout=timeout)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert finished(done.returncode, done.stdout + done.stderr), \
+        done.stdout[-2000:] + done.stderr[-4000:]
     return done
 
 
@@ -99,7 +101,8 @@ def test_torchrun_two_nodes_of_two_processes(tmp_path):
             torchrun("--nnodes=2", f"--node-rank={rank}", f"--rdzv-endpoint=127.0.0.1:{port}"),
             cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = [p.communicate(timeout=240)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    assert all(finished(p.returncode, log) for p, log in zip(procs, logs)), \
+        "\n".join(log[-3000:] for log in logs)
     diag = diagkit.load(nodes[0] / "diag")
     assert not (nodes[1] / "diag").exists()
     assert sorted(diag.steps["rank"].unique()) == [0, 1, 2, 3]

@@ -14,6 +14,7 @@ import pytest
 
 import diagkit
 from integration_helpers import OFFLINE
+from jobs import finished
 
 HERE = Path(__file__).resolve().parent
 CASES = {"hf": ("transformers", {"score.weight": ["orphan"]}),
@@ -29,7 +30,8 @@ def test_rank_0_gathers_and_alone_writes(job, tmp_path):
                            "--nproc-per-node=2", "--max-restarts=0", str(HERE / "ddp_jobs.py"),
                            job, str(tmp_path / "diag")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert finished(done.returncode, done.stdout + done.stderr), \
+        done.stdout[-3000:] + done.stderr[-3000:]
     ranks = {r["rank"]: r for r in map(json.loads, (line for line in done.stdout.splitlines()
                                                     if line.startswith('{"rank"')))}
     assert sorted(ranks) == [0, 1] and all(r["done"] for r in ranks.values())

@@ -174,10 +174,13 @@ def _failure(ranks, nproc, returncode, timed_out, timeout, steps_table, log) -> 
         return StepFailure(done, f"timed out after {timeout:.0f} s: {where}"
                            + (f"; rank {stuck} is the one that stopped" if stuck is not None
                               else ""), log[-4000:])
-    if unfinished or returncode not in (0, None):
+    if unfinished:
         where = "; ".join(f"rank {r} {_where(ranks[r])}" for r in unfinished)
         return StepFailure(done, f"a rank died (torchrun exit {returncode}): {where}",
                            log[-4000:])
+    # Every rank reported done: a non-zero exit after that is a crash at process teardown
+    # (seen with gloo, pandas and pyarrow loaded: "terminate called without an active
+    # exception"), after every result was written. The run is complete.
     return None
 
 
