@@ -227,11 +227,16 @@ def test_bad_options_are_one_line_errors(kwargs, message):
         diagkit.watch(model, opt, **kwargs)
 
 
-def test_an_out_that_cannot_be_written_fails_before_training(tmp_path):
+@pytest.mark.parametrize("out, message", [("file", "exists and is not a folder"),
+                                          ("file/diag", "is not a folder"),
+                                          ("full", "did not write")])
+def test_an_out_that_cannot_be_written_fails_before_training(tmp_path, out, message):
     (tmp_path / "file").write_text("x")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "mine.txt").write_text("the user's")
     model, opt = dead_head()
-    with pytest.raises(DiagkitError):
-        diagkit.watch(model, opt, out=tmp_path / "file")
+    with pytest.raises(DiagkitError, match=message):
+        diagkit.watch(model, opt, out=tmp_path / out)
     assert hook_counts(model, [opt])[:2] == (0, 0)
 
 

@@ -31,6 +31,18 @@ def check_replaceable_dir(target: Path, marker: str) -> None:
                            f"(no {marker}); choose a new or empty folder")
 
 
+def check_output_dir(target: Path, marker: str) -> None:
+    """`check_replaceable_dir`, and the folder can be made: its first existing ancestor is a
+    folder this process may write in (so a long run cannot end in a save that fails)."""
+    target = Path(target)
+    check_replaceable_dir(target, marker)
+    ancestor = next((p for p in target.resolve().parents if p.exists()), None)
+    if ancestor is not None and not ancestor.is_dir():
+        raise DiagkitError(f"{target}: {ancestor} is not a folder; choose another output folder")
+    if ancestor is not None and not os.access(ancestor, os.W_OK | os.X_OK):
+        raise DiagkitError(f"{target}: cannot write in {ancestor}; choose another output folder")
+
+
 def _replace_dir(tmp: Path, target: Path) -> None:
     """Swap a fully written folder into place."""
     if target.exists():

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import DiagkitError
-from ..core.files import check_replaceable_dir
+from ..core.files import check_output_dir
 from ..core.options import DEFAULTS, check_run_options, positive_seconds
 from ..core.result import Diagnosis, StepFailure
 from ..measure.ddp_facts import ddp_facts
@@ -62,7 +62,7 @@ def check_watch_options(*, steps, every, delta, sample, out, report, timeout) ->
         raise DiagkitError("report=True needs out=DIR: the report is rendered from the "
                            "diagnosis saved there")
     if out is not None:
-        check_replaceable_dir(Path(out), marker="run.json")
+        check_output_dir(Path(out), marker="run.json")
 
 
 class Watch:
