@@ -25,3 +25,13 @@ def finished(returncode: int, output: str) -> bool:
         return TEARDOWN_ABORT in output
     codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", output))
     return TEARDOWN_ABORT in output and "-6" in codes and codes <= {"-6", "-15"}
+
+
+def all_finished(returncodes: list[int], outputs: list[str]) -> bool:
+    """Several launchers of one job (nodes): each finished, or one node's rank aborted at
+    teardown, which makes torchrun on the other nodes fail in its own words (a closed
+    rendezvous) after the work was done."""
+    if all(finished(code, out) for code, out in zip(returncodes, outputs)):
+        return True
+    return any(TEARDOWN_ABORT in out and finished(code, out)
+               for code, out in zip(returncodes, outputs))

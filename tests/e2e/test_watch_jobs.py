@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import diagkit
-from jobs import finished
+from jobs import all_finished, finished
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -101,7 +101,7 @@ def test_torchrun_two_nodes_of_two_processes(tmp_path):
             torchrun("--nnodes=2", f"--node-rank={rank}", f"--rdzv-endpoint=127.0.0.1:{port}"),
             cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = [p.communicate(timeout=240)[0] for p in procs]
-    assert all(finished(p.returncode, log) for p, log in zip(procs, logs)), \
+    assert all_finished([p.returncode for p in procs], logs), \
         "\n".join(log[-3000:] for log in logs)
     diag = diagkit.load(nodes[0] / "diag")
     assert not (nodes[1] / "diag").exists()
