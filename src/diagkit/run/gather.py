@@ -53,7 +53,7 @@ class RankChannel:
         """(every published step table of every rank, each rank's status or None): rank 0 waits
         up to `timeout` seconds for the other ranks' statuses."""
         deadline = time.monotonic() + timeout
-        pending = [r for r in range(self.world)]
+        pending = list(range(self.world))
         while pending:
             pending = [r for r in pending if not self.store.check([self._key(r, "status")])]
             if not pending or time.monotonic() > deadline:

@@ -22,6 +22,7 @@ from ..core.errors import DiagkitError
 from ..core.result import StepFailure
 from ..measure.observer import Observer
 from ..measure.step_state import LoopFacts
+from .gather import distributed
 from .target import Setup
 
 
@@ -55,10 +56,9 @@ def loop_facts(setup: Setup) -> LoopFacts:
     hand-written `train_step` may do anything to .grad, and under a process group DDP's
     all-reduce writes .grad of tensors this rank did not use."""
     standard = setup.train_step is None
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     return LoopFacts(grads_untouched_until_step=standard,
                      held_grads_start_none=standard and setup.zero_grad_set_to_none
-                     and not distributed)
+                     and not distributed())
 
 
 def step_function(setup: Setup) -> Callable[[int], object]:

@@ -87,7 +87,7 @@ class Watch:
         self.observer = Observer(self.inventory, optimizers, delta=delta, sample=sample,
                                  checksums=self.channel is not None, step_ends=True)
         self.clock = StepClock(self.observer, optimizers, steps=steps, every=every,
-                               on_step=self._published, on_done=self._done)
+                               on_step=self._published, on_done=self._finish)
         self._diagnosis: Diagnosis | None = None
         self._finished = False
         self._started = time.perf_counter()
@@ -138,9 +138,6 @@ class Watch:
             table = self.observer.step_table(index)
             table.insert(0, "rank", self.channel.rank)
             self.channel.publish_step(table)
-
-    def _done(self, error: tuple[str, str] | None) -> None:
-        self._finish(error)
 
     def _finish(self, error: tuple[str, str] | None) -> None:
         """Detach everything, then (rank 0) gather, judge and save. Never raises into the
