@@ -48,20 +48,30 @@ class BackwardHooks:
     def __init__(self, observer, ks: list[int]):
         self.obs = observer
         self.ks = ks
+        self.by_tensor: dict[int, object] = {}  # k -> its hook's handle
 
-    def attach(self, handles: list) -> None:
-        for k in self.ks:
+    def attach(self, handles: list, ks=None) -> None:
+        """Hook `ks` (default: all of ours), appending the handles to `handles`."""
+        for k in self.ks if ks is None else ks:
             t = self.obs.tensors[k]
             was = t.requires_grad
             try:
                 if not was:
                     t.requires_grad_(True)
-                handles.append(t.register_hook(self._hook(k)))
+                handles.append(handle := t.register_hook(self._hook(k)))
+                self.by_tensor[k] = handle
             except RuntimeError:  # not a leaf we can hook: observed through values only
                 pass
             finally:
                 if not was:
                     t.requires_grad_(False)
+
+    def unhook(self, ks) -> None:
+        """Remove the hooks of `ks` (an `EarnedShare` reads them from .grad instead)."""
+        for k in ks:
+            handle = self.by_tensor.pop(k, None)
+            if handle is not None:
+                handle.remove()
 
     def at_optimizer_step(self, i: int, st: StepState) -> None:
         """Nothing to do: the gradients were measured as each backward ended."""
@@ -95,8 +105,10 @@ class BackwardHooks:
         obs = self.obs
         st = obs.state
         st.backward_queued = False
+        st.backwards += 1
         touched, st.touched = list(st.touched), set()
         if obs.stepping is not None:  # inside an optimizer's step(closure)
+            st.in_closure = True
             obs.closure_backward(touched)
         elif st.total_is_fresh:  # after an optimizer step of the same step (a GAN's G pass)
             st.pin_totals(touched)

@@ -24,14 +24,15 @@ import pandas as pd
 import torch
 
 from ..core.options import DEFAULTS
-from ..core.schema import BOOL_STEP_COLUMNS, STEPS_COLUMNS
 from .buckets import Buckets, Layout
-from .gradients import BackwardHooks, GradientStrategy, OptimizerShare, resolve_fresh
+from .gradients import resolve_fresh
 from .inventory import Inventory, group_lr
 from .kernels import checksum, norms
 from .probes import make_probe
 from .readback import Pending
+from .step_records import StepRecords
 from .step_state import LoopFacts, StepState
+from .strategy_plan import plan_strategies
 
 
 class Observer:
@@ -59,8 +60,7 @@ class Observer:
         self.losses: list[float] = []
         self.zero_grad_expected: set[int] = set()  # exactly-zero fresh gradients last step
         self._handles: list = []
-        self._records: list[dict[str, np.ndarray]] = []
-        self._step_ids: list[int] = []
+        self.records = StepRecords(inventory.names, checksums)
         # The tensors each optimizer holds, and each tensor's (optimizer, group) lr slot.
         self._held_by = [np.array([k for k, row in enumerate(inventory.rows)
                                    if any(o == i for o, _ in row["memberships"])], dtype=np.int64)
@@ -74,31 +74,10 @@ class Observer:
                                 sample)
         self._grad_buckets = Buckets(self.tensors)
         self.everything = Layout(list(range(n)), self._grad_buckets)
-        shares = self._plan_shares()
-        shared = np.zeros(n, dtype=bool)
-        for share in shares:
-            shared[share.idx] = True
-        # Every tensor is observed by exactly one strategy: a hook, or its optimizer's share.
-        self._strategies: list[GradientStrategy] = [
-            BackwardHooks(self, np.flatnonzero(~shared).tolist()), *shares]
-        # What each optimizer's pre-hook reads itself: the tensors it holds outside its share.
-        self._read_by = [np.setdiff1d(ks, next((s.idx for s in shares if s.optimizer == i),
-                                               ks[:0])) for i, ks in enumerate(self._held_by)]
+        plan = plan_strategies(self, self._held_by, self._handles)
+        self._strategies, self._earned, self._read_by = plan.strategies, plan.earned, plan.read_by
+        self.dropped: list[tuple[int, str]] = []  # (step, why) of steps not recorded
         self._all = np.arange(n)
-
-    def _plan_shares(self) -> list[OptimizerShare]:
-        """Each optimizer's hookless share (its tensors no earlier optimizer holds), when the
-        loop allows it (`LoopFacts.hookless_shares`)."""
-        shares: list[OptimizerShare] = []
-        if not self.loop.hookless_shares:
-            return shares
-        taken = np.zeros(self.n, dtype=bool)
-        for i, ks in enumerate(self._held_by):
-            mine = ks[~taken[ks]]
-            taken[mine] = True
-            if len(mine):
-                shares.append(OptimizerShare(self, i, mine, self._grad_buckets, self._slot_of))
-        return shares
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> "Observer":
@@ -143,7 +122,7 @@ class Observer:
     # ----------------------------------------------------------------- steps
     def begin_step(self, step: int | None = None, consecutive: bool = False) -> None:
         """Start observing a step. `consecutive`: nothing ran since the last `end_step`."""
-        self.state = StepState.begin(len(self._records) if step is None else step, self.n)
+        self.state = StepState.begin(len(self.records) if step is None else step, self.n)
         self.stepping = None
         self.probe.begin(consecutive=consecutive)
         self.active = True
@@ -154,8 +133,9 @@ class Observer:
         self.active = False
         self.state.release()
 
-    def end_step(self, loss=None) -> None:
-        """Record the step: read what no optimizer read, then one read-back for everything."""
+    def end_step(self, loss=None) -> bool:
+        """Record the step: read what no optimizer read, then one read-back for everything.
+        False: the step could not be attributed and is not recorded (`dropped`)."""
         st = self.state
         if not st.read.all():
             self._read_at_step(self._all)  # what no optimizer stepped: as it stands now
@@ -171,18 +151,24 @@ class Observer:
         grad_total[same] = grad_norm[same]
         carried_grad = np.zeros(self.n, dtype=bool)
         carried_grad[keys["carried"]] = got["carried"] != 0  # NaN != 0: a NaN .grad is carried
-        self._records.append({
+        if st.dropped is not None:
+            self.dropped.append((st.index, st.dropped))
+            st.release()
+            return False
+        for share in self._earned:
+            share.judge_step(st)
+        self.records.add(st.index, {
             "requires_grad": st.requires_grad, "used": st.used, "grad_norm": grad_norm,
             "grad_total_norm": grad_total, "carried_grad": carried_grad, "delta_norm": delta,
             "update_ratio": ratio, "changed": changed, "lr": st.lr, "nonfinite": nonfinite,
             **({"checksum": got["checksum"]} if self.checksums else {})})
-        self._step_ids.append(st.index)
         st.release()
         if keys["scalar_loss"]:
             self.losses.append(float(got["loss"][0]))
         elif loss is not None:
             self.losses.append(_as_float(loss))
         self.progress("end")
+        return True
 
     def _queue(self, st: StepState, loss) -> tuple[Pending, dict]:
         """Every device scalar of the step on one `Pending`, and the tensors each name covers."""
@@ -273,21 +259,11 @@ class Observer:
     # ----------------------------------------------------------------- result
     def steps_table(self) -> pd.DataFrame:
         """Every recorded step, one row per (step, tensor)."""
-        count = len(self._records)
-        data = {"step": np.repeat(np.array(self._step_ids, dtype=np.int64), self.n),
-                "name": np.tile(np.array(self.inv.names, dtype=object), count)}
-        columns = list(STEPS_COLUMNS) + (["checksum"] if self.checksums else [])
-        for col in columns[2:]:
-            data[col] = (np.concatenate([r[col] for r in self._records]) if count
-                         else np.array([], dtype=bool if col in BOOL_STEP_COLUMNS else float))
-        return pd.DataFrame(data, columns=columns)
+        return self.records.table()
 
     def step_table(self, step: int) -> pd.DataFrame:
         """The rows of one recorded step (what a watchdog writes out as the run goes)."""
-        record = self._records[len(self._step_ids) - 1 - self._step_ids[::-1].index(step)]
-        data = {"step": np.full(self.n, step, dtype=np.int64),
-                "name": np.array(self.inv.names, dtype=object), **record}
-        return pd.DataFrame(data, columns=list(data))
+        return self.records.one(step)
 
 
 def _as_float(loss) -> float:

@@ -99,11 +99,14 @@ class StepClock:
         self.count += 1
         if was_observing:
             self.observing = False
-            self.obs.end_step()
-            self.observed += 1
-            self.on_step(index)
-            if self.observed >= self.steps:
-                self.on_done(None)
+            if self.obs.end_step():  # a dropped step is not counted: the next one is observed
+                self.observed += 1
+                self.on_step(index)
+                if self.observed >= self.steps:
+                    self.on_done(None)
+                    return
+            else:
+                self._open(self.count, consecutive=True)
                 return
         if self.count % self.every == 0:
             self._open(self.count, consecutive=was_observing)

@@ -24,11 +24,13 @@ class LoopFacts:
     `zero_grad(set_to_none=True)` runs right before the step's one backward and no process group
     reduces gradients, so a tensor an optimizer holds was reached by autograd exactly when its
     .grad is set as the optimizer steps: it needs no hook. Neither holds for a loop diagkit does
-    not run (the default).
+    not run (the default). `may_earn_shares`: no process group reduces gradients, so the loop
+    may show at run time that it behaves as the standard one (`EarnedShare`).
     """
 
     grads_untouched_until_step: bool = False
     held_grads_start_none: bool = False
+    may_earn_shares: bool = False
 
     @property
     def hookless_shares(self) -> bool:
@@ -64,6 +66,11 @@ class StepState:
     on_grad: np.ndarray | None = None
     # k -> (.grad object, its version) when measured: reusable at optimizer time if unchanged.
     grad_versions: dict[int, tuple[torch.Tensor, int]] = dataclasses.field(default_factory=dict)
+    # Backward passes that reached a hooked tensor, and whether one ran inside step(closure).
+    backwards: int = 0
+    in_closure: bool = False
+    # Why this step cannot be recorded (an `EarnedShare` lapsed during it), or None.
+    dropped: str | None = None
     # k -> norm of the .grad the optimizer sees, where it is not the fresh gradient's norm.
     total_norms: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
     # Index arrays of tensors whose .grad norm is their fresh norm (nothing rewrote .grad).

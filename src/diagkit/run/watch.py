@@ -29,6 +29,7 @@ from ..measure.ddp_facts import ddp_facts
 from ..measure.inventory import take_inventory
 from ..measure.observer import Observer
 from ..measure.step_clock import StepClock
+from ..measure.step_state import LoopFacts
 from ..measure.unwrap import unwrap_model, unwrap_optimizers
 from .gather import RankChannel, distributed
 from .pipeline import Observation, judge_observation
@@ -84,8 +85,10 @@ class Watch:
         self.channel = RankChannel() if distributed() else None
         self.timeout, self.delta, self.every, self.steps = timeout, delta, every, steps
         self._ddp = model if "DistributedDataParallel" in self.wrappers else None
+        # Without a process group the loop may earn hookless reads (`EarnedShare`).
         self.observer = Observer(self.inventory, optimizers, delta=delta, sample=sample,
-                                 checksums=self.channel is not None, step_ends=True)
+                                 checksums=self.channel is not None, step_ends=True,
+                                 loop=LoopFacts(may_earn_shares=self.channel is None))
         self.clock = StepClock(self.observer, optimizers, steps=steps, every=every,
                                on_step=self._published, on_done=self._finish)
         self._diagnosis: Diagnosis | None = None
@@ -151,6 +154,7 @@ class Watch:
             step=self.clock.count, error=f"diagkit stopped observing: {error[0]}",
             traceback=error[1])
         meta = self._meta()
+        meta["dropped_steps"] = [{"step": i, "why": why} for i, why in self.observer.dropped]
         if self.channel is not None:
             self.channel.finish({"failure": failure, "observed": self.clock.observed,
                                  "optimizer_steps": self.clock.count})

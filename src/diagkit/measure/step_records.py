@@ -1,0 +1,47 @@
+"""The observed steps as they are recorded, and as the `steps` table.
+
+One record per observed step: a column -> per-tensor array dict (the columns of
+`diagkit.core.schema.STEPS_COLUMNS`, plus `checksum` when ranks are compared). The table is
+built once, at the end, by concatenating the arrays: no per-row work while training runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..core.schema import BOOL_STEP_COLUMNS, STEPS_COLUMNS
+
+
+class StepRecords:
+    """The records of the steps observed so far, for the tensors named `names`."""
+
+    def __init__(self, names: list[str], checksums: bool):
+        self.names, self.checksums = names, checksums
+        self._records: list[dict[str, np.ndarray]] = []
+        self._step_ids: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def add(self, step: int, record: dict[str, np.ndarray]) -> None:
+        self._records.append(record)
+        self._step_ids.append(step)
+
+    def table(self) -> pd.DataFrame:
+        """Every recorded step, one row per (step, tensor)."""
+        n, count = len(self.names), len(self._records)
+        data = {"step": np.repeat(np.array(self._step_ids, dtype=np.int64), n),
+                "name": np.tile(np.array(self.names, dtype=object), count)}
+        columns = list(STEPS_COLUMNS) + (["checksum"] if self.checksums else [])
+        for col in columns[2:]:
+            data[col] = (np.concatenate([r[col] for r in self._records]) if count
+                         else np.array([], dtype=bool if col in BOOL_STEP_COLUMNS else float))
+        return pd.DataFrame(data, columns=columns)
+
+    def one(self, step: int) -> pd.DataFrame:
+        """The rows of one recorded step (the latest, if it was recorded twice)."""
+        record = self._records[len(self._step_ids) - 1 - self._step_ids[::-1].index(step)]
+        data = {"step": np.full(len(self.names), step, dtype=np.int64),
+                "name": np.array(self.names, dtype=object), **record}
+        return pd.DataFrame(data, columns=list(data))
