@@ -1,0 +1,73 @@
+"""A diagkit error in a notebook is the one line the CLI would print: in the executed notebook
+(papermill, JupyterLab) and in the HTML report. Other exceptions keep their traceback."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import papermill
+import pytest
+from papermill.exceptions import PapermillExecutionError
+
+from diagkit.run.report import write_report
+
+DIAGNOSE = Path(__file__).resolve().parents[2] / "notebooks" / "diagnose.ipynb"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def error_outputs(nb) -> list:
+    return [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+
+
+def shown_lines(output) -> list[str]:
+    """The lines a reader sees for an error output (IPython shows `traceback`, coloured)."""
+    return [line for text in output.traceback for line in ANSI.sub("", text).splitlines()]
+
+
+BAD = [
+    (dict(target="no.such:thing"), "TargetError: no module named 'no.such'"),
+    (dict(target="diagkit.demos:clean", checkpoint="missing/nothing.pt"), "nothing.pt"),
+    (dict(target="diagkit.demos:clean", delta="bogus"), "delta"),
+]
+
+
+@pytest.mark.parametrize("params,words", BAD, ids=["target", "checkpoint", "parameter"])
+def test_a_bad_notebook_input_shows_one_line(tmp_path, params, words):
+    out = tmp_path / "out.ipynb"
+    with pytest.raises(PapermillExecutionError):
+        papermill.execute_notebook(str(DIAGNOSE), str(out), parameters=dict(
+            params, steps=1, interactive=False, out_dir=str(tmp_path / "data")),
+            kernel_name="python3", progress_bar=False, cwd=str(tmp_path))
+    [error] = error_outputs(nbformat.read(out, as_version=4))
+    lines = shown_lines(error)
+    assert len(lines) == 1, lines
+    assert words in lines[0]
+
+
+def test_the_report_shows_the_same_one_line(tmp_path):
+    """The notebook's own check fails inside the report run (no CLI check in front of it)."""
+    result = write_report(tmp_path / "rep", {"bad": {"target": "no.such:thing", "steps": 1}},
+                          title="bad")
+    html = result.html.read_text(encoding="utf-8")
+    text = ANSI.sub("", re.sub(r"<[^>]+>", "", html))
+    assert "no module named &#39;no.such&#39;" in text or "no module named 'no.such'" in text
+    assert "Traceback" not in text and "workbook.py" not in text and "api.py" not in text
+
+
+def shell_shows(code: str) -> list[str]:
+    """The non-blank lines IPython prints for a cell that raises."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+    with capture_output() as cap:
+        InteractiveShell.instance().run_cell(code)
+    return [line for line in ANSI.sub("", cap.stdout).splitlines() if line.strip()]
+
+
+def test_other_exceptions_keep_their_traceback():
+    mine = shell_shows("from diagkit.core.errors import TargetError\n"
+                       "def f():\n    raise TargetError('no module named x')\nf()")
+    assert mine == ["TargetError: no module named x"]
+    theirs = shell_shows("def f():\n    raise ValueError('deep')\nf()")
+    assert len(theirs) > 3 and theirs[-1] == "ValueError: deep"
