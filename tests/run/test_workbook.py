@@ -128,7 +128,8 @@ def test_papermill_renders_a_saved_diagnosis_without_running(tmp_path, finetune)
     assert not [o for o in outputs if o.output_type == "error"]
     assert len([o for o in outputs if "image/png" in o.get("data", {})]) >= 3
     shown = " ".join(str(o.get("data", {}).get("text/html", "")) for o in outputs)
-    assert "Saved diagnosis loaded from <code>saved</code>" in shown and "cmim_decoder" in shown
+    assert f"Saved diagnosis loaded from <code>{tmp_path / 'saved'}</code>" in shown  # found
+    assert "cmim_decoder" in shown
     written = json.loads((data / "findings.json").read_text())
     assert written["findings"] == [f.to_dict() for f in finetune.findings]
     assert written["meta"] == finetune.meta and written["worst"] == "warning"
@@ -142,11 +143,14 @@ def test_papermill_refuses_target_and_diagnosis_together(tmp_path, clean):
     assert "\n" not in info.value.evalue.strip()
 
 
-def test_diagnosis_with_the_default_target_is_no_conflict_but_another_target_is():
+def test_diagnosis_with_the_default_target_is_no_conflict_but_another_target_is(
+        tmp_path, monkeypatch):
     """In JupyterLab nothing is injected: a target other than the cell's default is 'set'."""
+    monkeypatch.setenv("DIAGKIT_LAUNCH_DIR", str(tmp_path))
+    (tmp_path / "saved").mkdir()
     default = contract.parameters(contract.DIAGNOSE)["target"].default
     settings = notebook.check_parameters({"target": default, "diagnosis": "saved"})
-    assert settings["diagnosis"] == "saved"
+    assert settings["diagnosis"] == str(tmp_path / "saved")
     for namespace in ({"target": "mypkg.train:build", "diagnosis": "saved"},
                       {"In": [f"# Parameters\ntarget = {default!r}\ndiagnosis = 'saved'\n"],
                        "target": default, "diagnosis": "saved"}):

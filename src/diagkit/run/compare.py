@@ -13,10 +13,10 @@ from pathlib import Path
 
 from ..core.files import write_json_atomic, write_text_atomic
 from ..core.result import Comparison
-from ..core.shipped import shipped
 from ..judge.comparison import comparison_findings
 from ..measure.checkpoint_diff import diff_checkpoints
 from . import contract
+from .paths import resolve_paths
 
 
 def compare_checkpoints(path_a, path_b, trust: bool = False) -> Comparison:
@@ -63,22 +63,11 @@ def validate(values: dict) -> dict:
 
 def check_parameters(namespace: dict) -> dict:
     """Called by the notebook right after its parameters: an unknown name papermill injected,
-    or a wrong type, is an error. Relative checkpoint paths not found from the working folder
-    are looked up in the repository (where the demo checkpoints live)."""
+    or a wrong type, is an error. Relative checkpoint paths follow `diagkit.run.paths` (the
+    launch folder, the notebook's folder, then the demo files diagkit ships)."""
     settings = contract.check_parameters(namespace, contract.COMPARE)
-    for name in ("checkpoint_a", "checkpoint_b"):
-        settings[name] = _resolve_path(settings[name])
-    return settings
-
-
-def _resolve_path(path: str) -> str:
-    """`path` as given if it exists from here (or is absolute); else the shipped demo file of
-    that name when there is one (`data/meta_memory_step2.pt`, the notebook's default)."""
-    if not path or Path(path).is_absolute() or Path(path).exists():
-        return path
-    parts = Path(path).parts
-    candidate = shipped("data").joinpath(*parts[1:]) if parts[0] == "data" else None
-    return str(candidate) if candidate is not None and candidate.is_file() else path
+    return resolve_paths(settings, {"checkpoint_a": "checkpoint_a",
+                                    "checkpoint_b": "checkpoint_b"})
 
 
 def run(settings: dict) -> Comparison:

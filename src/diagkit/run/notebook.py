@@ -15,6 +15,7 @@ from ..core.files import write_json_atomic
 from ..core.format import one_line
 from ..core.schema import PARAMS_COLUMNS, STEPS_COLUMNS
 from . import contract
+from .paths import resolve_paths
 
 
 def check_parameters(namespace: dict) -> dict:
@@ -30,7 +31,7 @@ def check_parameters(namespace: dict) -> dict:
             raise DiagkitError(f"set either target ({settings['target']!r}: run it) or "
                                f"diagnosis ({settings['diagnosis']!r}: load that saved run), "
                                "not both")
-    return settings
+    return resolve_paths(settings, {"checkpoint": "checkpoint", "diagnosis": "saved diagnosis"})
 
 
 def validate(values: dict) -> dict:

@@ -22,6 +22,7 @@ from ..core.errors import DiagkitError
 from ..core.format import one_line
 from .contract import DIAGNOSE, notebook_path
 from .notebook import validate
+from .paths import LAUNCH_ENV
 
 _TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 
@@ -81,6 +82,7 @@ def _execute(params: dict, data_dir: Path, output: Path, notebook: str, label: s
     data_dir.mkdir(parents=True, exist_ok=True)
     parameters = {**params, "out_dir": str(data_dir)}
     error = None
+    os.environ[LAUNCH_ENV] = os.getcwd()  # the kernel's relative paths: from here (run.paths)
     try:
         papermill.execute_notebook(
             str(notebook_path(notebook)), str(output), parameters=parameters,
