@@ -204,3 +204,16 @@ def test_hostile_module_name_is_escaped_everywhere():
     roll = tables.module_rollup(d.params)
     assert HOSTILE in set(roll["module"])  # a DataFrame keeps the raw name; pandas escapes it
     assert "<script" not in roll._repr_html_() and escaped in roll._repr_html_()
+
+
+def test_a_fix_in_prose_shows_its_quoted_code_as_code_not_backticks():
+    from diagkit.core.result import Finding
+    prose = Finding("nothing_changed", "info", (), "m",
+                    "check that `optimizer.step()` is reached <here>", module="")
+    code = Finding("orphan", "error", ("a",), "m", "opt.add_param_group({'params': [p]})",
+                   module="a")
+    out = sections.findings_table([prose, code])
+    assert "`" not in out
+    assert "check that <code>optimizer.step()</code> is reached &lt;here&gt;" in out
+    assert "<code style='white-space:pre-wrap'>opt.add_param_group({&#x27;params&#x27;: [p]})" \
+        in out

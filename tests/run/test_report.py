@@ -192,3 +192,35 @@ def test_report_with_a_checkpoint_shows_the_load_report_and_dead_bytes(tmp_path)
     html = (out / "report.html").read_text()
     assert "19 tensors loaded" in html and "4 missing from the file" in html
     assert "dead_weight_in_checkpoint" in html and "18.6 KiB" in html
+
+
+MEASURE = """<script>
+(() => {  // at the end of the body: everything above is laid out when asked
+  document.body.style.width = '968px';  // JupyterLab's output area
+  document.body.style.margin = '0';
+  const out = [...document.querySelectorAll('table')].map(t => [
+    t.className || t.id, Math.round(t.getBoundingClientRect().width)]);
+  const pre = document.createElement('pre');
+  pre.id = 'measured';
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+</script>"""
+
+
+@needs_chromium
+def test_wide_tables_fit_the_output_area(demo, tmp_path):
+    """At JupyterLab's 968 px output width the findings and wiring tables wrap long names
+    and fixes instead of running off the side (issue: 1124 px and 1536 px)."""
+    import json
+    import re
+    page = tmp_path / "measured.html"
+    text = re.sub(r'<meta[^>]*Content-Security-Policy[^>]*>', "",  # lets MEASURE run
+                  (demo[0] / "report.html").read_text())
+    page.write_text(text.replace("</body>", MEASURE + "</body>"))
+    dom, _ = open_page(page.as_uri())
+    measured = json.loads(re.search(r'<pre id="measured">(.*?)</pre>', dom).group(1)
+                          .replace("&quot;", '"'))
+    assert len(measured) >= 6
+    too_wide = [(name, width) for name, width in measured if width > 968]
+    assert not too_wide

@@ -75,6 +75,14 @@ def _prose(text: str) -> str:
     return _BACKTICKS.sub(r"<code>\1</code>", html.escape(str(text)))
 
 
+def _fix_html(fix: str) -> str:
+    """A fix is code (shown as a block), or prose that quotes code in `backticks` (the
+    comparison's fixes): then the quoted parts are code, never literal backticks."""
+    if "`" in str(fix):
+        return _prose(fix)
+    return f"<code style='white-space:pre-wrap'>{html.escape(str(fix))}</code>"
+
+
 def findings_table(findings) -> str:
     """One row per finding, worst first: severity, verdict, where, tensors, bytes, message and
     the fix as code."""
@@ -90,17 +98,24 @@ def findings_table(findings) -> str:
         rows.append(
             f'<tr class="{esc(f.severity)}">'
             f'<td style="background:{bg};color:{fg};font-weight:bold;{_LEFT}">'
-            f"{esc(f.severity)}</td><td style='{_LEFT}'>{esc(f.code)}</td>"
+            f"{esc(f.severity)}</td><td style='{_LEFT};overflow-wrap:anywhere'>{esc(f.code)}</td>"
             f"<td style='{_LEFT};min-width:12em;overflow-wrap:anywhere'>{esc(where)}</td>"
             f"<td style='text-align:right;vertical-align:top'>{int(f.count or 0)}</td>"
             f"<td style='text-align:right;vertical-align:top;white-space:nowrap'>"
             f"{human_bytes(int(f.bytes or 0))}</td><td style='{_LEFT}'>{_prose(f.message)}</td>"
-            f"<td style='{_LEFT}'><code style='white-space:pre-wrap'>{esc(f.fix)}</code></td></tr>")
+            f"<td style='{_LEFT};overflow-wrap:anywhere'>{_fix_html(f.fix)}</td></tr>")
     # Inline styles: the notebook's own CSS right-aligns table cells and would win over a class.
     head = "".join(f"<th style='{_LEFT}'>{h}</th>" for h in
                    ("severity", "verdict", "where", "tensors", "bytes", "finding", "fix"))
-    return (f'<table class="diagkit-findings"><thead><tr>{head}</tr></thead>'
+    # A fixed layout with set widths fits the output area (968 px in JupyterLab): the prose
+    # and the fix wrap inside their columns instead of widening the table.
+    cols = "".join(f'<col style="width:{w}">' for w in _FINDINGS_WIDTHS)
+    return (f'<table class="diagkit-findings" style="width:100%;table-layout:fixed">'
+            f"<colgroup>{cols}</colgroup><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+_FINDINGS_WIDTHS = ("6.5em", "9em", "15%", "4.5em", "6em", "34%", "auto")
 
 
 def _names_list(names, most: int = 8) -> str:

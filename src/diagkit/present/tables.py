@@ -95,6 +95,9 @@ def style_rows(view: pd.DataFrame, colours: list[tuple[str, str]], column: str,
             .hide(axis="index")
             .set_caption(caption)
             .set_table_styles([
+                # Fit the output area (968 px in JupyterLab): long names wrap, not overflow.
+                {"selector": "", "props": "max-width:100%"},
+                {"selector": "td, th", "props": "overflow-wrap:anywhere"},
                 {"selector": "td", "props": "text-align:right;padding:2px 6px"},
                 {"selector": "td.col0, td.col1", "props": "text-align:left"},
                 {"selector": "caption", "props": "caption-side:top;text-align:left"}]))
