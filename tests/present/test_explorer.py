@@ -101,8 +101,16 @@ def test_problems_come_first_and_default_selection_is_problem_tensors(finetune, 
     unused = [n for n, v in finetune.verdicts().items() if "unused" in v]
     assert len(unused) == 8
     assert set(names[:8]) == set(unused)
+    # unused tensors have no grad_norm: the default plots tensors that have one, and says why
+    assert not set(state.selected) & set(unused) and len(state.selected) == 6
+    grad = state.params.set_index("name").loc[state.selected, "grad_norm"]
+    assert list(grad) == sorted(grad, reverse=True)
+    assert "not plotted: 8 problem tensors (unused) without grad_norm" in state.message
+    assert "switch the metric to delta_norm" in state.message
+    state.metric = "delta_norm"                        # they never change: 0 is data
     assert set(state.selected) <= set(unused) and len(state.selected) == 6
     assert state.selected == names[:6]                 # model order within a severity
+    assert "not plotted" not in state.message
 
     m = ExplorerState.from_diagnosis(meta, top=4)
     assert m.selected[0] == MEM
@@ -158,12 +166,12 @@ def test_log_scale_with_zeros_and_nan_warns_nothing(meta, finetune):
         fig.savefig(io.BytesIO(), format="png")
         assert fig.axes[0].get_yscale() == "log"
         ydata = lines_of(fig)[MEM]
-        assert np.all(ydata == 0)              # data kept as measured; the log axis masks it
-        state.selected = [MEM]                 # only zeros: falls back to linear, says so
+        assert np.all(ydata > 0)               # zeros drawn at the floor (test_explorer_zeros)
+        state.selected = [MEM]                 # only zeros: still drawn, at the floor
         fig = state.figure()
         fig.savefig(io.BytesIO(), format="png")
-        assert fig.axes[0].get_yscale() == "linear"
-        assert "no positive values" in fig.axes[0].get_title()
+        assert fig.axes[0].get_yscale() == "log"
+        assert "a 0 is drawn at 1e-06" in fig.axes[0].get_title()
         ft = ExplorerState.from_diagnosis(finetune)
         ft.verdicts = {"unused"}               # never a gradient: every grad_norm is NaN
         fig = ft.figure()
@@ -186,10 +194,10 @@ def test_hostile_names_are_escaped(hostile):
     assert "<script>x.weight" in names
     state = ExplorerState.from_diagnosis(hostile)
     page = state.table_html()
-    assert "&lt;script&gt;x.weight" in page and "<script>" not in page
+    assert "&lt;script&gt;x.<wbr>weight" in page and "<script>" not in page
     state.name_regex = "<script>"
     assert set(state.filtered_params()["name"]) == {"<script>x.weight", "<script>x.bias"}
-    assert "&lt;script&gt;x.bias" in state.table_html()
+    assert "&lt;script&gt;x.<wbr>bias" in state.table_html()
     state.name_regex = "<script>("                           # invalid, and hostile
     w = explore(state)
     status = w.controls.status.value
@@ -225,7 +233,7 @@ def test_empty_tables():
     state = ExplorerState(params, steps)
     assert state.filtered_params().empty and state.selected == []
     assert "no data" in figure_text(state.figure())
-    assert "0 of 0 tensors match" in state.table_html()
+    assert "0 of 0 tensors match" in state.message and "<tbody></tbody>" in state.table_html()
     explore(state)
 
 
@@ -314,19 +322,20 @@ def test_widget_controls_drive_the_state_and_redraw(finetune):
     for control in (c.verdicts, c.module, c.regex, c.metric, c.tensors, c.log, c.plot, c.table,
                     c.status):
         assert id(control) in inside
-    png0, table0 = bytes(c.plot.value), c.table.value
-    assert png0[:4] == b"\x89PNG" and "23 of 23 tensors match" in table0
+    png0 = bytes(c.plot.value)
+    assert png0[:4] == b"\x89PNG" and "23 of 23 tensors match" in c.status.value
     assert len(c.tensors.value) == 3 and c.tensors.value == tuple(w.state.selected)
 
     c.module.value = "cmim_decoder"
     assert w.state.module_prefix == "cmim_decoder"
     assert sorted(v for _, v in c.tensors.options) == sorted(CMIM)
-    assert "4 of 23 tensors match" in c.table.value and "ffn_head" not in c.table.value
+    assert "4 of 23 tensors match" in c.status.value and "ffn_head" not in c.table.value
     assert set(c.tensors.value) <= set(CMIM)
 
     c.module.value = ""
     c.verdicts.value = ("unused",)
-    assert w.state.verdicts == {"unused"} and "8 of 23 tensors match" in c.table.value
+    assert w.state.verdicts == {"unused"} and "8 of 23 tensors match" in c.status.value
+    assert c.table.value.count("<tr") == 9
 
     c.verdicts.value = ()
     c.regex.value = "ffn_head"
@@ -338,7 +347,7 @@ def test_widget_controls_drive_the_state_and_redraw(finetune):
     c.tensors.value = ("ffn_head.0.weight",)
     assert w.state.selected == ["ffn_head.0.weight"]
     png1 = bytes(c.plot.value)
-    assert png1 != png0 and "<b>ffn_head.0.weight</b>" in c.table.value
+    assert png1 != png0 and "<b>ffn_head.<wbr>0.<wbr>weight</b>" in c.table.value
 
     c.metric.value = "delta_norm"
     assert w.state.metric == "delta_norm" and w.state.selected == ["ffn_head.0.weight"]

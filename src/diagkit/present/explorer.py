@@ -29,29 +29,11 @@ class Explorer(widgets.VBox):
         self.state = state
         self._syncing = False
         self._plot_key = None
-        wide = widgets.Layout(width="auto")
-        c = self.controls = SimpleNamespace(
-            verdicts=widgets.SelectMultiple(
-                options=state.verdict_choices(), value=(), rows=8, description="verdicts",
-                tooltip="none selected = all verdicts"),
-            module=widgets.Combobox(
-                options=state.module_choices()[:MAX_OPTIONS], value=state.module_prefix,
-                ensure_option=False, description="module", placeholder="module prefix"),
-            regex=widgets.Text(value=state.name_regex, description="name",
-                               placeholder="regex on tensor names", continuous_update=False),
-            metric=widgets.Dropdown(options=list(METRICS), value=state.metric,
-                                    description="metric"),
-            log=widgets.Checkbox(value=state.log_scale, description="log scale", indent=False),
-            tensors=widgets.SelectMultiple(options=[], rows=10, description="tensors",
-                                           layout=widgets.Layout(width="48%")),
-            status=widgets.HTML(),
-            plot=widgets.Image(format="png", layout=wide),
-            table=widgets.HTML(layout=wide),
-        )
-        self.children = [
-            widgets.HBox([c.verdicts, widgets.VBox([c.module, c.regex, c.metric, c.log]),
-                          c.tensors]),
-            c.status, c.plot, c.table]
+        c = self.controls = _controls(state)
+        self.children = _arrange(c)
+        self.add_class("diagkit-explorer")
+        for name, control in vars(c).items():
+            control.add_class(f"diagkit-explorer-{name}")
         fields = {"verdicts": "verdicts", "module": "module_prefix", "regex": "name_regex",
                   "metric": "metric", "log": "log_scale", "tensors": "selected"}
         for control, field in fields.items():
@@ -70,10 +52,7 @@ class Explorer(widgets.VBox):
         state, c = self.state, self.controls
         self._syncing = True
         try:
-            choices = state.options().choices
-            if list(c.tensors.options) != choices:
-                c.tensors.options = choices
-            c.tensors.value = tuple(state.selected)
+            _set_choices(c.tensors, state.options().choices, tuple(state.selected))
             c.status.value = f"<span style='font-size:12px'>{html.escape(state.message)}</span>"
             c.table.value = state.table_html()
             key = (state.metric, tuple(state.selected), state.log_scale,
@@ -83,6 +62,66 @@ class Explorer(widgets.VBox):
                 self._plot_key = key
         finally:
             self._syncing = False
+
+
+# Every label gets the same fixed width, so that no label is squeezed (read 'dule' for
+# 'module') when its box shrinks, and the boxes line up.
+_LABEL = {"description_width": "64px"}
+_MIDDLE = "340px"     # the module / name / metric column: fixed, never sized by its contents
+
+
+def _controls(state: ExplorerState) -> SimpleNamespace:
+    """The explorer's widgets, each sized by its layout, never by the state it shows: widths
+    that followed the contents made the controls overlap as the state changed."""
+    full = widgets.Layout(width="auto")   # a box's child: stretched to it, margins inside
+    return SimpleNamespace(
+        verdicts=widgets.SelectMultiple(
+            options=state.verdict_choices(), value=(), rows=7, description="verdicts",
+            tooltip="none selected = all verdicts", style=_LABEL,
+            layout=widgets.Layout(width="300px", flex="0 0 auto")),
+        module=widgets.Combobox(
+            options=state.module_choices()[:MAX_OPTIONS], value=state.module_prefix,
+            ensure_option=False, description="module", placeholder="module prefix",
+            style=_LABEL, layout=full),
+        regex=widgets.Text(value=state.name_regex, description="name", style=_LABEL,
+                           placeholder="regex on tensor names", continuous_update=False,
+                           layout=full),
+        metric=widgets.Dropdown(options=list(METRICS), value=state.metric,
+                                description="metric", style=_LABEL, layout=full),
+        log=widgets.Checkbox(value=state.log_scale, description="log scale", indent=False,
+                             layout=widgets.Layout(width="auto", margin="2px 0 0 68px")),
+        # Its own full-width row: labels (name and verdicts) are long, and a picker beside
+        # the other controls cut them.
+        tensors=widgets.SelectMultiple(options=[], rows=8, description="tensors",
+                                       style=_LABEL, layout=full),
+        status=widgets.HTML(layout=full),
+        plot=widgets.Image(format="png", layout=widgets.Layout(width="auto", max_width="100%")),
+        table=widgets.HTML(layout=full),
+    )
+
+
+def _arrange(c: SimpleNamespace) -> list:
+    """Rows: the filters (verdicts, then a fixed-width column; they wrap under each other
+    when the output area is narrow), the tensor picker, the status line, the plot, the table."""
+    middle = widgets.VBox([c.module, c.regex, c.metric, c.log],
+                          layout=widgets.Layout(width=_MIDDLE, flex="0 0 auto"))
+    filters = widgets.HBox([c.verdicts, middle],
+                           layout=widgets.Layout(flex_flow="row wrap", width="auto"))
+    return [filters, c.tensors, c.status, c.plot, c.table]
+
+
+def _set_choices(picker: widgets.SelectMultiple, choices: list, value: tuple) -> None:
+    """Give the picker new options and a new selection in one message to the front end, its
+    selection emptied first: the front end applies each message as it comes, and a selection
+    index past the new options raised 'Cannot set properties of undefined (setting
+    'selected')' in the browser on every filter change."""
+    if list(picker.options) == choices and picker.value == value:
+        return
+    with picker.hold_sync():
+        picker.value = ()
+        if list(picker.options) != choices:
+            picker.options = choices
+        picker.value = value
 
 
 def explore(diag, top: int = 6) -> Explorer:

@@ -1,6 +1,7 @@
 """The explorer's state: filters, ordering and default selection over the two result tables,
 as a plain object testable without a kernel (widgets: `diagkit.present.explorer`; drawing the
-plot and the HTML table: `diagkit.present.explorer_view`). Presents only; never measures.
+plot, the status line and the HTML table: `diagkit.present.explorer_view`). Presents only;
+never measures.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ class ExplorerState:
     'encoder.layers_x'), `name_regex` (re.search on tensor names; an invalid pattern is
     reported in `message` and filters nothing). `metric` is one of `METRICS`; `selected` is the
     tensors plotted: set it to a list of names, or to None/[] for the default, the `top`
-    problem tensors of the current filter (then the ok ones with the most of the metric).
+    problem tensors of the current filter that have data for the metric (then the ok ones
+    with the most of it).
     """
 
     def __init__(self, params: pd.DataFrame, steps: pd.DataFrame, *, top: int = 6,
@@ -159,17 +161,30 @@ class ExplorerState:
         return self._filtered()[1]
 
     def default_selection(self) -> list[str]:
-        """Top problem tensors of the filter, then ok tensors with the most of the metric."""
+        """Top problem tensors of the filter that have data for the metric, then the ok ones
+        with the most of it: a default plot of tensors without data would be empty (the
+        finetune demo's unused tensors have no grad_norm). Only when nothing in the filter has
+        data are the problems chosen anyway, and the plot says what to do."""
         rows = self._filtered()[0]
-        problems = [self._names[i] for i in rows if self._rank[i] > 0][:self.top]
-        if len(problems) >= self.top:
-            return problems
         has_data = self._has_data()
+        problems = [self._names[i] for i in rows if self._rank[i] > 0]
+        drawable = [n for n in problems if has_data.get(n, False)][:self.top]
         ok = [i for i in rows if self._rank[i] == 0 and has_data.get(self._names[i], False)]
+        if not drawable and not ok:
+            return problems[:self.top]
+        if len(drawable) >= self.top:
+            return drawable
         if self._metric in self.params and ok:
             values = pd.to_numeric(self.params[self._metric].iloc[ok], errors="coerce")
             ok = list(values.sort_values(ascending=False, na_position="last", kind="stable").index)
-        return problems + [self._names[i] for i in ok[:self.top - len(problems)]]
+        return drawable + [self._names[i] for i in ok[:self.top - len(drawable)]]
+
+    def problems_without_data(self) -> list[str]:
+        """Problem tensors of the filter with no value of the metric on any step, so that the
+        status line can say why they are not plotted by default and how to see them."""
+        has_data = self._has_data()
+        return [self._names[i] for i in self._filtered()[0]
+                if self._rank[i] > 0 and not has_data.get(self._names[i], False)]
 
     def series(self) -> pd.DataFrame:
         """The metric per step (rows) for each selected tensor (columns, in selection order)."""
@@ -203,27 +218,9 @@ class ExplorerState:
 
     @property
     def message(self) -> str:
-        """One plain-text status line: what matches, and anything the user should know."""
-        parts = []
-        if self.failure is not None:
-            parts.append(f"the diagnosis stopped at step {self.failure.step}: "
-                         f"{self.failure.error}")
-        if self.regex_error:
-            parts.append(self.regex_error)
-        total = len(self.params)
-        matching = len(self._filtered()[0])
-        parts.append(f"{matching:,} of {total:,} tensors match")
-        if self._module_prefix and not self._module_mask().any():
-            parts.append(f"no module is named {self._module_prefix!r} or lies under it")
-        if not len(self.steps):
-            parts.append("the steps table is empty: no step was observed")
-        selected = len(self.selected)
-        if selected > MAX_LINES:
-            parts.append(f"plotting the first {MAX_LINES} of {selected} selected tensors")
-        note = self.options().note
-        if note and matching:
-            parts.append(note)
-        return "; ".join(parts)
+        """One plain-text status line: what matches, and anything the user should know
+        (`explorer_view.status_text`)."""
+        return explorer_view.status_text(self, max_lines=MAX_LINES)
 
     # ------------------------------------------------------------------ rendering
     def figure(self) -> Figure:

@@ -20,18 +20,28 @@ from matplotlib.ticker import MaxNLocator
 
 from ..core import severity
 from ..core.format import fmt_shape, truncate_left
+from .plots import _floor   # where a 0 sits on a log axis: the static plots' rule, shared
 
 _MAX_LEGEND = 15      # above this many lines the legend is left out
 
-TABLE_HEAD = ("name", "verdicts", "module", "type", "shape", "requires grad",
-              "optimizer / group", "lr", "used / steps")   # then the metric's own column
+# The table's columns, the ones that tell what is wrong first: the metric's own column comes
+# third (after name and verdicts), so it stays in view in a narrow output area. No module
+# column: the name holds the module path, and the module filter selects by it.
+TABLE_HEAD = ("name", "verdicts", "used / steps", "optimizer / group", "lr", "requires grad",
+              "shape", "type")
+# Names wrap (at their dots first: `_dotted`), verdicts between verdicts; the short cells
+# never do, so that a number or a shape is never broken in two.
+_CELL_STYLE = {0: "overflow-wrap:anywhere;min-width:12em", 1: "min-width:6em"}
+_NOWRAP = "white-space:nowrap"
 
 
 # ---------------------------------------------------------------------- the plot
 def figure(state, *, max_lines: int, ylabel: str) -> Figure:
     """A line per selected tensor: the state's metric over the steps, at most `max_lines`
     lines, the y axis labelled `ylabel` (the caller owns both: they are the state's settings).
-    Says 'no data', and why, when there is nothing finite to draw."""
+    Says 'no data', and why, when there is nothing finite to draw. On a log scale a 0 (an
+    orphan's change, every step) is drawn on a dotted floor line, as the static plots draw it
+    (`plots._floor`), and the title says so: a log axis alone would drop it without a word."""
     fig = Figure(figsize=(8, 3.8), layout="constrained")
     ax = fig.add_subplot()
     data = state.series()
@@ -43,19 +53,27 @@ def figure(state, *, max_lines: int, ylabel: str) -> Figure:
                 wrap=True, transform=ax.transAxes, fontsize=10, color="#555")
         ax.set_axis_off()
         return fig
-    handles, labels = _draw_lines(ax, state, data.index.to_numpy(), names, values, finite)
     title = f"{state.metric} per step"
-    positive = finite & (np.nan_to_num(values, nan=0.0) > 0)
-    if state.log_scale and positive.any():
+    zeros = finite & (np.nan_to_num(values, nan=1.0) <= 0)
+    floor = _floor(values[finite & ~zeros]) if state.log_scale and zeros.any() else None
+    if floor is not None:
+        values = np.where(zeros, floor, values)
+        title += f" (log; a 0 is drawn at {floor:.0e}, dotted)"
+    handles, labels = _draw_lines(ax, state, data.index.to_numpy(), names, values, finite)
+    if floor is not None:   # after the tensors' lines: ax.lines stay in the legend's order
+        handles.append(ax.axhline(floor, color="0.4", ls=":", lw=1))
+        labels.append(f"0 (drawn at {floor:.0e})")
+    if floor is not None:   # the floor in view, below every line (zeros only: a decade up too)
+        top = float(np.nanmax(values))
+        ax.set_ylim(floor / 2, top * 2 if top > floor else floor * 10)
+    if state.log_scale:
         ax.set_yscale("log", nonpositive="mask")
-    elif state.log_scale:
-        title += " (linear: no positive values to put on a log scale)"
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel, fontsize=8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
-    if len(handles) <= _MAX_LEGEND:
+    if len(names) <= _MAX_LEGEND:
         # explicit labels: the legend would otherwise drop names starting with '_'
         ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig
@@ -93,8 +111,62 @@ def why_empty(state, names: list[str]) -> str:
         return "no tensor matches the filters"
     if not names:
         return "no tensor is selected"
+    other = [m for m in metrics_with_data(state, names) if m != state.metric]
     return (f"{state.metric} is NaN on every step for the {len(names)} selected tensor"
-            f"{'s' if len(names) != 1 else ''}")
+            f"{'s' if len(names) != 1 else ''}; "
+            + (f"switch the metric to {other[0]} to see them" if other
+               else "pick other tensors"))
+
+
+def metrics_with_data(state, names: list[str]) -> list[str]:
+    """The metrics (in the state's order) with a value for any of `names`: what the user can
+    switch to when the chosen metric has nothing to draw."""
+    wide = state._wide_table()
+    found = []
+    for metric in wide.columns.get_level_values(0).unique():
+        if wide[metric].reindex(columns=names).notna().to_numpy().any():
+            found.append(metric)
+    return found
+
+
+# ---------------------------------------------------------------------- the status line
+def status_text(state, *, max_lines: int) -> str:
+    """The explorer's one status line (plain text): what matches, then anything the user
+    should know; the only place that counts the matches, so it is never said twice."""
+    parts = []
+    if state.failure is not None:
+        parts.append(f"the diagnosis stopped at step {state.failure.step}: "
+                     f"{state.failure.error}")
+    if state.regex_error:
+        parts.append(state.regex_error)
+    matching = len(state._filtered()[0])
+    parts.append(f"{matching:,} of {len(state.params):,} tensors match")
+    if state.module_prefix and not state._module_mask().any():
+        parts.append(f"no module is named {state.module_prefix!r} or lies under it")
+    if not len(state.steps):
+        parts.append("the steps table is empty: no step was observed")
+    selected = state.selected
+    if len(selected) > max_lines:
+        parts.append(f"plotting the first {max_lines} of {len(selected)} selected tensors")
+    parts += _hidden_problems(state, selected)
+    note = state.options().note
+    if note and matching:
+        parts.append(note)
+    return "; ".join(parts)
+
+
+def _hidden_problems(state, selected: list[str]) -> list[str]:
+    """Says which problem tensors the default plot leaves out for want of data, and how to
+    see them: they lead the table, so the user would otherwise wonder why no line is theirs."""
+    hidden = state.problems_without_data()
+    if not hidden or not selected or set(hidden) & set(selected):
+        return []
+    verdicts = dict(zip(state._names, state._verdicts))
+    kinds = sorted({v for n in hidden for v in verdicts[n]})
+    other = [m for m in metrics_with_data(state, hidden) if m != state.metric]
+    how = f"switch the metric to {other[0]} or pick them" if other else "pick them"
+    return [f"not plotted: {len(hidden)} problem tensor{'s' if len(hidden) != 1 else ''} "
+            f"({', '.join(kinds)}) without {state.metric} on any step; {how}"]
 
 
 # ---------------------------------------------------------------------- the table
@@ -105,45 +177,55 @@ def table_html(state, limit: int = 50) -> str:
     rows_idx = rows[:limit]
     selected = set(state.selected)
     esc = html.escape
-    head = [*TABLE_HEAD, state.metric]
-    out = [f"<div class='diagkit-explorer-table'><p>{len(table):,} of {len(state.params):,} "
-           f"tensors match"
-           + (f"; showing the first {len(rows_idx):,}" if len(table) > len(rows_idx) else "")
-           + "</p>",
-           "<table style='border-collapse:collapse;font-size:12px'><thead><tr>"
-           + "".join(f"<th style='text-align:left;padding:2px 6px'>{esc(h)}</th>"
-                     for h in head) + "</tr></thead><tbody>"]
+    head = [*TABLE_HEAD[:2], state.metric, *TABLE_HEAD[2:]]
+    # The status line above counts the matches; the table says only what it leaves out. It
+    # takes the output area's width and wraps its cells rather than growing past it.
+    out = ["<div class='diagkit-explorer-rows' style='max-width:100%;overflow-x:auto;"
+           "line-height:1.35'>"
+           + (f"<p>showing the first {len(rows_idx):,} of {len(table):,} matching tensors "
+              f"(problems first)</p>" if len(table) > len(rows_idx) else ""),
+           "<table style='border-collapse:collapse;font-size:12px;width:100%;"
+           "table-layout:auto'><thead><tr>"
+           + "".join(f"<th style='text-align:left;padding:2px 6px;vertical-align:bottom'>"
+                     f"{esc(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for i in rows_idx:
         row = state.params.iloc[i]
         cells = _cells(row, state._verdicts[i], state.metric, row["name"] in selected)
         level = severity.named(state._rank[i])
         color = "transparent" if level == "ok" else severity.COLORS[level][1]
         out.append(f"<tr style='border-left:4px solid {color}'>" + "".join(
-            f"<td style='padding:2px 6px'>{c}</td>" for c in cells) + "</tr>")
+            f"<td style='padding:2px 6px;vertical-align:top;{_CELL_STYLE.get(j, _NOWRAP)}'>"
+            f"{c}</td>" for j, c in enumerate(cells)) + "</tr>")
     out.append("</tbody></table></div>")
     return "".join(out)
 
 
 def _cells(row, verdicts: tuple[str, ...], metric: str, selected: bool) -> list[str]:
-    """One table row's cells, escaped, in `TABLE_HEAD` order then the metric; a selected
-    tensor's name is bold so the table shows what the plot draws."""
+    """One table row's cells, escaped, in the header's order (name, verdicts, the metric, then
+    the rest of `TABLE_HEAD`); a selected tensor's name is bold so the table shows what the
+    plot draws."""
     esc = html.escape
-    name = esc(str(row["name"]))
+    name = _dotted(esc(str(row["name"])))
     if selected:
         name = f"<b>{name}</b>"
     return [
         name,
         esc(", ".join(verdicts)),
-        esc(_fmt(row.get("module"))),
-        esc(_fmt(row.get("module_type"))),
-        esc(_fmt(row.get("shape"))),
-        esc(_fmt(row.get("requires_grad"))),
+        esc(_fmt(row.get(metric))),
+        esc(f"{_fmt(row.get('used_steps'))} / {_fmt(row.get('steps'))}"),
         esc(f"{_fmt(row.get('optimizer'))} / {_fmt(row.get('group'))}"
             if not _missing(row.get("optimizer")) else "none"),
         esc(_fmt(row.get("lr"))),
-        esc(f"{_fmt(row.get('used_steps'))} / {_fmt(row.get('steps'))}"),
-        esc(_fmt(row.get(metric))),
+        esc(_fmt(row.get("requires_grad"))),
+        esc(_fmt(row.get("shape"))),
+        esc(_fmt(row.get("module_type"))),
     ]
+
+
+def _dotted(escaped: str) -> str:
+    """An escaped dotted name with a break opportunity after each dot, so that a long name
+    wraps between its parts rather than anywhere."""
+    return escaped.replace(".", ".<wbr>")
 
 
 def _missing(value) -> bool:
