@@ -335,3 +335,22 @@ def test_explorer_in_jupyterlab(tmp_path):
                     "2 of 20")
         page.change("reloaded-verdict", lambda: page.pick("verdicts", "orphan ("), "0 of 20")
     assert page.problems == [], "\n".join(page.problems)
+
+
+def test_a_copied_notebook_opens_unmodified(tmp_path):
+    """`diagkit notebooks DIR` copies: opened in JupyterLab (its kernel started, nothing run),
+    the notebook is not marked modified; JupyterLab wrote the kernel's language_info into the
+    shipped notebook as it opened it, so it showed as modified at once."""
+    from diagkit.run.shipped_notebooks import copy_notebooks
+    notebooks, home = tmp_path / "notebooks", tmp_path / "jupyter"
+    home.mkdir()
+    copy_notebooks(notebooks)
+    with JupyterLab(notebooks, home) as lab, Browser(1280, 900) as browser:
+        for name in ("diagnose.ipynb", "compare_checkpoints.ipynb"):
+            browser.goto(lab.url(f"lab/tree/{name}"))
+            browser.wait_for(KERNEL_IDLE, timeout=180, what=f"{name} opens, its kernel idle")
+            deadline = time.monotonic() + 3  # the kernel's info arrives just after it is idle
+            while time.monotonic() < deadline:
+                assert browser.evaluate(f"{NOTEBOOK_PANEL}.model.dirty") is False, name
+                time.sleep(0.3)
+            browser.evaluate("window.jupyterapp.commands.execute('application:close-all')")

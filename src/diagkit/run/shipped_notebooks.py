@@ -1,0 +1,49 @@
+"""`diagkit notebooks DIR`: copy the notebooks diagkit ships into a folder of the user's.
+
+A clone has them in `notebooks/`; an installed wheel carries them inside the package
+(`diagkit.core.shipped`), where a user should not edit them. Copying never overwrites: a
+notebook of the same name already in DIR may hold the user's edits, so it is an error unless
+`force` is given.
+
+Each copy carries the `language_info` this Python's kernel will report: JupyterLab writes the
+kernel's into a notebook as it opens it, so a copy without it showed as modified at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..core.errors import DiagkitError
+from ..core.shipped import shipped
+
+
+def copy_notebooks(dest: str | Path, force: bool = False) -> list[Path]:
+    """Copy every shipped notebook into `dest` (created if missing); return the new paths."""
+    dest = Path(dest)
+    sources = sorted(shipped("notebooks").glob("*.ipynb"))
+    if not sources:
+        raise DiagkitError(f"no notebooks found in {shipped('notebooks')}: the installation "
+                           "is incomplete (reinstall diagkit)")
+    if dest.exists() and not dest.is_dir():
+        raise DiagkitError(f"{dest} exists and is not a folder")
+    clash = [dest / s.name for s in sources if (dest / s.name).exists()]
+    if clash and not force:
+        raise DiagkitError(f"{', '.join(map(str, clash))} already exist(s): not overwritten "
+                           "(--force replaces them)")
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        return [_copy(s, dest / s.name) for s in sources]
+    except OSError as exc:
+        raise DiagkitError(f"cannot copy the notebooks into {dest}: {exc.strerror or exc}"
+                           ) from None
+
+
+def _copy(source: Path, target: Path) -> Path:
+    """`source` written to `target` with this interpreter's kernel `language_info`."""
+    import json
+
+    from ipykernel.ipkernel import IPythonKernel
+    nb = json.loads(source.read_text(encoding="utf-8"))
+    nb.setdefault("metadata", {})["language_info"] = dict(IPythonKernel.language_info)
+    target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return target

@@ -1,0 +1,41 @@
+"""`diagkit notebooks DIR` copies the shipped notebooks out, never over a user's file."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from diagkit.core.errors import DiagkitError
+from diagkit.core.shipped import shipped
+from diagkit.run.shipped_notebooks import copy_notebooks
+
+
+def test_copies_every_shipped_notebook(tmp_path):
+    got = copy_notebooks(tmp_path / "mine")
+    assert sorted(p.name for p in got) == sorted(
+        p.name for p in shipped("notebooks").glob("*.ipynb")) == [
+        "compare_checkpoints.ipynb", "diagnose.ipynb"]
+    from ipykernel.ipkernel import IPythonKernel
+    for p in got:  # the same cells; the language_info JupyterLab would otherwise write in
+        copy, orig = (nbformat.read(f, as_version=4) for f in (p, shipped("notebooks") / p.name))
+        assert copy.cells == orig.cells
+        assert copy.metadata.language_info == IPythonKernel.language_info
+        assert copy.metadata.kernelspec == orig.metadata.kernelspec
+
+
+def test_never_overwrites_without_force(tmp_path):
+    (tmp_path / "diagnose.ipynb").write_text("my edits")
+    with pytest.raises(DiagkitError, match="already exist.*--force"):
+        copy_notebooks(tmp_path)
+    assert (tmp_path / "diagnose.ipynb").read_text() == "my edits"
+    assert not (tmp_path / "compare_checkpoints.ipynb").exists()  # nothing half-copied
+    copy_notebooks(tmp_path, force=True)
+    assert (tmp_path / "diagnose.ipynb").read_text() != "my edits"
+
+
+def test_a_file_in_the_way_is_one_line(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(DiagkitError, match="not a folder"):
+        copy_notebooks(tmp_path / "f")
+    with pytest.raises(DiagkitError, match="cannot copy"):
+        copy_notebooks(tmp_path / "f" / "sub")
