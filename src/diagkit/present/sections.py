@@ -191,3 +191,16 @@ def checkpoint_html(checkpoint: dict | None, limit: int = 30) -> str:
         parts.append(f"<table><tr><th>tensor</th><th>not loaded because</th></tr>{rows}</table>"
                      + more)
     return "".join(parts)
+
+
+def printed_html(text: str, most: int = 200) -> str:
+    """What the target printed while it ran, folded (the report's last section), or nothing:
+    kept for whoever needs it, out of the way of the findings. At most the last `most` lines."""
+    lines = str(text or "").rstrip("\n").splitlines()
+    if not lines:
+        return ""
+    cut = f" (the last {most} of {len(lines)})" if len(lines) > most else ""
+    body = html.escape("\n".join(lines[-most:]))
+    return (f'<details class="diagkit-printed"><summary>What the target printed: '
+            f"{len(lines)} line{'s' if len(lines) != 1 else ''}{cut}</summary>"
+            f'<pre style="white-space:pre-wrap">{body}</pre></details>')

@@ -16,6 +16,7 @@ from ..core.format import one_line
 from ..core.schema import PARAMS_COLUMNS, STEPS_COLUMNS
 from . import contract
 from .paths import resolve_paths
+from .printed import collected
 
 
 def check_parameters(namespace: dict) -> dict:
@@ -41,15 +42,18 @@ def validate(values: dict) -> dict:
 
 def run(settings: dict):
     """Load the target (and checkpoint) and diagnose it, or load the saved diagnosis the
-    `diagnosis` parameter names: what the notebook's run cell does."""
+    `diagnosis` parameter names: what the notebook's run cell does. Returns (diagnosis, what
+    the target printed meanwhile), the latter shown last, folded (`diagkit.run.printed`)."""
     if settings.get("diagnosis"):
-        return load_saved(settings["diagnosis"])
+        return load_saved(settings["diagnosis"]), ""
     from .api import run_target  # torch only when a run starts: `diagkit report` validates first
-    return run_target(settings["target"], settings["target_args"], steps=settings["steps"],
-                      checkpoint=settings["checkpoint"] or None,
-                      trust_checkpoint=settings["trust_checkpoint"], nproc=settings["nproc"],
-                      timeout=settings["timeout"], delta=settings["delta"],
-                      every=settings["every"])
+    with collected() as printed:
+        diag = run_target(settings["target"], settings["target_args"], steps=settings["steps"],
+                          checkpoint=settings["checkpoint"] or None,
+                          trust_checkpoint=settings["trust_checkpoint"],
+                          nproc=settings["nproc"], timeout=settings["timeout"],
+                          delta=settings["delta"], every=settings["every"])
+    return diag, printed.getvalue()
 
 
 def load_saved(path):
