@@ -65,3 +65,29 @@ def test_the_compare_notebook_finds_its_shipped_defaults(installed, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(installed / "diagkit" / "_shipped" / "data" /
                                       "meta_memory_step2.pt")
+
+
+def test_notebooks_copied_out_of_the_wheel_run_and_demo_works(installed, tmp_path):
+    """`diagkit notebooks DIR`, then both notebooks run from DIR (the README's checkpoint
+    spelling found among the wheel's demo files), and `diagkit demo`, all far from the repo."""
+    proc = _run(installed, tmp_path, "-m", "diagkit.run.cli", "notebooks", "mine")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(tmp_path / "mine" / n) for n in
+                                   ("compare_checkpoints.ipynb", "diagnose.ipynb")]
+    code = ("import papermill, sys\n"
+            "papermill.execute_notebook('mine/diagnose.ipynb', 'd.ipynb', cwd='mine',"
+            " kernel_name='python3', progress_bar=False, parameters=dict(steps=1,"
+            " interactive=False, target='diagkit.demos:finetune_heads',"
+            " checkpoint='data/finetune_heads_pretrain.pt', out_dir='d'))\n"
+            "papermill.execute_notebook('mine/compare_checkpoints.ipynb', 'c.ipynb', cwd='mine',"
+            " kernel_name='python3', progress_bar=False, parameters=dict(out_dir='c'))\n")
+    proc = _run(installed, tmp_path, "-c", code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # papermill's cwd moved it into mine/: relative paths are from there (README: Paths)
+    assert json.loads((tmp_path / "mine" / "d" / "findings.json").read_text())["worst"] == \
+        "warning"
+    assert (tmp_path / "mine" / "c" / "comparison.csv").is_file()
+    proc = _run(installed, tmp_path, "-m", "diagkit.run.cli", "demo", "--steps", "1",
+                "--out", "demo")
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]  # 1: the demos' findings
+    assert (tmp_path / "demo" / "report.html").stat().st_size > 10_000

@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import nbformat
-import papermill
 import pytest
 
 from diagkit.core.errors import DiagkitError
@@ -21,14 +20,26 @@ PRETRAIN = "data/finetune_heads_pretrain.pt"
 
 @pytest.fixture
 def launched(tmp_path, monkeypatch):
-    """A user who launched from `tmp_path/launch`; the kernel runs in `tmp_path/notebooks`."""
+    """A user who launched from `tmp_path/launch`; the kernel runs in `tmp_path/notebooks`
+    (here: this process stands for the kernel, `diagkit report` having said where it was)."""
     launch, kernel = tmp_path / "launch", tmp_path / "notebooks"
     (launch / "data").mkdir(parents=True)
     kernel.mkdir()
-    monkeypatch.delenv("DIAGKIT_LAUNCH_DIR", raising=False)
-    monkeypatch.setenv("PWD", str(launch))  # what the shell that started jupyter recorded
+    monkeypatch.setenv("DIAGKIT_LAUNCH_DIR", str(launch))
     monkeypatch.chdir(kernel)
     return launch, kernel
+
+
+def test_outside_a_kernel_the_launch_folder_is_the_working_folder(tmp_path, monkeypatch):
+    """A stale $PWD (a process started with another working folder) is not believed."""
+    monkeypatch.delenv("DIAGKIT_LAUNCH_DIR", raising=False)
+    monkeypatch.setenv("PWD", str(ROOT))
+    monkeypatch.chdir(tmp_path)
+    assert find_input(PRETRAIN, "checkpoint") == str(shipped("data") / Path(PRETRAIN).name) \
+        or shipped("data") == ROOT / "data"
+    (tmp_path / "data").mkdir()
+    (tmp_path / PRETRAIN).write_bytes(b"")
+    assert find_input(PRETRAIN, "checkpoint") == str(tmp_path / PRETRAIN)
 
 
 def test_the_launch_folder_comes_first(launched):
@@ -69,20 +80,25 @@ def test_both_notebooks_read_the_readme_spelling_from_the_launch_folder(launched
     assert settings["checkpoint"] == str(shipped("data") / Path(PRETRAIN).name)
 
 
-def test_a_kernel_in_the_notebooks_folder_runs_the_readme_checkpoint(launched):
-    """As JupyterLab runs it: kernel in notebooks/, user launched elsewhere, README spelling."""
+def test_a_kernel_in_the_notebooks_folder_runs_the_readme_checkpoint(launched, monkeypatch):
+    """As JupyterLab runs it: the kernel started in notebooks/ by a process that stays in the
+    launch folder and tells nothing through the environment; the README's spelling."""
+    import nbclient
     launch, kernel = launched
-    shutil.copy(ROOT / "notebooks" / "diagnose.ipynb", kernel / "diagnose.ipynb")
+    monkeypatch.delenv("DIAGKIT_LAUNCH_DIR")
+    monkeypatch.setenv("PWD", "/")  # not believed where /proc can say
+    monkeypatch.chdir(launch)
     shutil.copy(shipped("data") / Path(PRETRAIN).name, launch / PRETRAIN)
-    nb = papermill.execute_notebook(
-        str(kernel / "diagnose.ipynb"), str(kernel / "out.ipynb"), kernel_name="python3",
-        parameters=dict(target="diagkit.demos:finetune_heads", checkpoint=PRETRAIN, steps=1,
-                        interactive=False, out_dir="report-data"),
-        progress_bar=False, cwd=str(kernel))
+    nb = nbformat.read(ROOT / "notebooks" / "diagnose.ipynb", as_version=4)
+    at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell(  # the values a user typed in
+        f"target = 'diagkit.demos:finetune_heads'\ncheckpoint = {PRETRAIN!r}\nsteps = 1\n"
+        "interactive = False\nout_dir = 'report-data'"))
+    nbclient.NotebookClient(nb, kernel_name="python3",  # as jupyter-server: no chdir of its own
+                            resources={"metadata": {"path": str(kernel)}}).execute()
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
     shown = " ".join(str(o.get("data", {}).get("text/html", ""))
                      for c in nb.cells for o in c.get("outputs", []))
     assert str(launch / PRETRAIN) in shown
     assert (launch / "report-data" / "findings.json").is_file()  # out_dir: from the launch folder
-    assert nbformat.read(kernel / "out.ipynb", as_version=4).cells

@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=_option("steps"), default=DEFAULTS["steps"], metavar="N",
                       help=HELP["steps"])
     demo.add_argument("--show-code", action="store_true", help="show the notebook's code")
+
+    books = sub.add_parser("notebooks", help="copy the notebooks diagkit ships into DIR")
+    books.add_argument("dir", metavar="DIR", help="folder to copy them into (made if missing)")
+    books.add_argument("--force", action="store_true", help="replace notebooks already there")
     return parser
 
 
@@ -153,6 +157,9 @@ def _run(argv) -> int:
         return _report(args)
     if args.command == "compare":
         return _compare(args)
+    if args.command == "notebooks":
+        from .shipped_notebooks import command
+        return command(args)
     return _demo(args)
 
 

@@ -2,10 +2,12 @@
 
 A relative input path (a checkpoint, a saved diagnosis) is looked up, in order:
 
-1. from the folder the user launched from: the CLI's working folder; in a notebook kernel,
-   the folder `jupyter lab` or papermill was started in (`diagkit report` passes its own in
-   $DIAGKIT_LAUNCH_DIR; otherwise the shell's $PWD, which a kernel inherits unchanged, since
-   Jupyter starts each kernel in its notebook's folder);
+1. from the folder the user launched from: the CLI's working folder; in a notebook kernel
+   (which Jupyter starts in its notebook's folder), the working folder of the process that
+   started the kernel: `jupyter lab`, papermill, `diagkit report` (which also passes it in
+   $DIAGKIT_LAUNCH_DIR). papermill's `cwd` / `--cwd` moves papermill itself there, so that
+   folder is then the launch folder. Where /proc cannot say (not Linux), the shell's $PWD,
+   which a kernel inherits unchanged;
 2. from the working folder (in JupyterLab: the notebook's own folder);
 3. for `data/NAME`, the demo file NAME that diagkit ships (in a clone the repository's
    `data/`, in a wheel the package's copy: `diagkit.core.shipped`).
@@ -17,6 +19,7 @@ folder is relative to the launch folder. README: "Paths".
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from ..core.errors import DiagkitError
@@ -27,10 +30,28 @@ LAUNCH_ENV = "DIAGKIT_LAUNCH_DIR"
 
 def launch_folder() -> Path:
     """Where the user launched from (see the module docstring), as an absolute folder."""
-    for candidate in (os.environ.get(LAUNCH_ENV), os.environ.get("PWD")):
+    candidates = [os.environ.get(LAUNCH_ENV)]
+    if _in_kernel():
+        parent = _parent_cwd()
+        candidates.append(parent if parent is not None else os.environ.get("PWD"))
+    for candidate in candidates:
         if candidate and os.path.isabs(candidate) and os.path.isdir(candidate):
             return Path(candidate)
     return Path.cwd()
+
+
+def _in_kernel() -> bool:
+    """Whether this process is a Jupyter kernel (started elsewhere, in its notebook's folder)."""
+    app = sys.modules.get("ipykernel.kernelapp")
+    return bool(app is not None and app.IPKernelApp.initialized())
+
+
+def _parent_cwd() -> str | None:
+    """The working folder of the process that started this one (Linux), else None."""
+    try:
+        return os.readlink(f"/proc/{os.getppid()}/cwd")
+    except OSError:
+        return None
 
 
 def places(path: str) -> list[Path]:

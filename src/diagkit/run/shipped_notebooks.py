@@ -47,3 +47,10 @@ def _copy(source: Path, target: Path) -> Path:
     nb.setdefault("metadata", {})["language_info"] = dict(IPythonKernel.language_info)
     target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return target
+
+
+def command(args) -> int:
+    """`diagkit notebooks DIR [--force]`: copy, then print each copy's path (exit 0)."""
+    for path in copy_notebooks(args.dir, force=args.force):
+        print(path.resolve())
+    return 0
