@@ -429,7 +429,7 @@ def test_notebook_escapes_hostile_tensor_names(tmp_path):
 @pytest.mark.parametrize("parameters, words", [
     ({"steps": 2}, ["unknown", "'steps'", "checkpoint_a"]),
     ({"trust_checkpoint": 1}, ["'trust_checkpoint'", "bool", "int"]),
-    ({"checkpoint_a": "nope.pt"}, ["no such checkpoint file", "nope.pt"]),
+    ({"checkpoint_a": "nope.pt"}, ["checkpoint_a nope.pt not found (looked in", "nope.pt"]),
 ])
 def test_notebook_rejects_bad_parameters(tmp_path, parameters, words):
     with pytest.raises(PapermillExecutionError) as info:
@@ -446,7 +446,7 @@ def test_check_parameters_resolves_repo_paths_and_checks_types(tmp_path, monkeyp
     (tmp_path / "data").mkdir()
     shutil.copy(STEP5, tmp_path / "data" / "meta_memory_step2.pt")
     local = compare.check_parameters({})["checkpoint_a"]
-    assert local == "data/meta_memory_step2.pt"  # found from the working folder first
+    assert local == str(tmp_path / "data" / "meta_memory_step2.pt")  # the working folder first
     with pytest.raises(DiagkitError, match="'out_dir' must be str or None"):
         compare.check_parameters({"out_dir": 3})
 

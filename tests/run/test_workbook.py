@@ -57,7 +57,9 @@ def test_the_parameters_cell_is_the_contract(name):
         spelled = " | ".join("None" if t is type(None) else t.__name__ for t in p.types)
         assert annotation == spelled and default == p.default, param
         assert p.help and p.help in cell.source, param  # the line's comment
-        if param in DEFAULTS:  # an option the library knows: the same default everywhere
+        if param == "steps":  # None: the target's own steps, else DEFAULTS (resolve_steps)
+            assert default is None
+        elif param in DEFAULTS:  # an option the library knows: the same default everywhere
             assert default == DEFAULTS[param], param
 
 
@@ -83,7 +85,8 @@ def test_validate_rejects_bad_parameters(validate, bad, words):
 
 def test_validate_fills_defaults():
     settings = notebook.validate({"target": "x:y"})
-    assert settings["target"] == "x:y" and settings["steps"] == 5 and settings["checkpoint"] == ""
+    assert settings["target"] == "x:y" and settings["steps"] is None
+    assert settings["checkpoint"] == ""
 
 
 def _run(path, tmp_path, **parameters):

@@ -39,8 +39,62 @@ def check_output_dir(target: Path, marker: str) -> None:
     ancestor = next((p for p in target.resolve().parents if p.exists()), None)
     if ancestor is not None and not ancestor.is_dir():
         raise DiagkitError(f"{target}: {ancestor} is not a folder; choose another output folder")
-    if ancestor is not None and not os.access(ancestor, os.W_OK | os.X_OK):
-        raise DiagkitError(f"{target}: cannot write in {ancestor}; choose another output folder")
+    why = None if ancestor is None else cannot_write_in(ancestor)
+    if why:
+        raise DiagkitError(f"{target}: cannot write in {ancestor} ({why}); choose another "
+                           "output folder")
+
+
+def cannot_write_in(folder: Path) -> str | None:
+    """Why no file can be created in `folder`, or None. Tried for real, with a file created
+    and removed at once: `os.access` says yes to root in a read-only folder, and to anyone on
+    some mounts (sysfs) where the write then fails."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".diagkit-probe-", dir=folder)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def check_output(path, option: str) -> None:
+    """Before a (possibly long) run, not after it: `path`, given as `option` (`--json` a file;
+    `--out` a report folder, created with its parents; `--save` a saved diagnosis) can be
+    written, so the run cannot end in an output that fails."""
+    if path is None:
+        return
+    target = Path(path)
+    if option == "--out":
+        if target.exists() and not target.is_dir():
+            raise DiagkitError(f"{option} {path} exists and is not a folder")
+        _check_ancestor(target, option)
+        return
+    if option == "--save":  # save replaces the folder: only one diagkit wrote, or an empty one
+        check_output_dir(target, marker="run.json")
+        return
+    parent = target.resolve().parent
+    if not parent.is_dir():
+        what = "is not a folder" if parent.exists() else "does not exist"
+        raise DiagkitError(f"{option} {path}: folder {parent} {what}")
+    if target.is_dir():
+        raise DiagkitError(f"{option} {path} is a folder; give a file name")
+    why = cannot_write_in(parent)
+    if why:
+        raise DiagkitError(f"{option} {path}: cannot write in {parent} ({why})")
+
+
+def _check_ancestor(target: Path, option: str) -> None:
+    """A report folder is filled through a scratch folder beside it: its first existing
+    ancestor (where the scratch folder goes) and the folder itself, if it exists, must be
+    folders this process can write in."""
+    ancestor = next((p for p in target.resolve().parents if p.exists()), None)
+    if ancestor is not None and not ancestor.is_dir():
+        raise DiagkitError(f"{option} {target}: {ancestor} is not a folder")
+    for where in (ancestor, target if target.is_dir() else None):
+        why = None if where is None else cannot_write_in(where)
+        if why:
+            raise DiagkitError(f"{option} {target}: cannot write in {where} ({why})")
 
 
 def _replace_dir(tmp: Path, target: Path) -> None:
@@ -110,8 +164,11 @@ def _as_tuple(value):
 def write_text_atomic(path, text: str, newline: str | None = None) -> None:
     """`text` into `path` through a temporary file beside it, swapped in when complete."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:  # a folder that became read-only, a full disk: the user's to fix
+        raise DiagkitError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "w", newline=newline) as fh:
             fh.write(text)

@@ -19,7 +19,7 @@ DEFAULTS = {
     "every": 1,        # observe every k-th step only
     "sample": 4096,    # elements sampled per large tensor (delta="sampled")
     "nproc": 1,        # processes of a torch.distributed job
-    "timeout": 120,    # seconds before a distributed run is ended; watch: for the ranks
+    "timeout": 120,    # seconds before a run is ended (any nproc); watch: for the ranks
     "fail_on": "error",
 }
 
@@ -31,7 +31,8 @@ HELP = {
     "every": "observe only every K-th step (0, K, 2K, ...) of a long run",
     "sample": "elements per tensor",
     "nproc": "processes of a torch.distributed job (1: this process)",
-    "timeout": "seconds before a distributed run is ended (nproc > 1)",
+    "timeout": "end a run (building the target and its steps) after this many seconds, and "
+               "name the step and phase it was in (with --nproc: the stuck rank)",
 }
 
 

@@ -24,8 +24,13 @@ _OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "opt")
 TRUST_FLAG = "--trust-checkpoint"
 
 
-# What torch's weights-only unpickler says when a file names a class or function to run.
-_NEEDS_CODE = re.compile(r"Unsupported global|not an allowed global|global .* is not allowed")
+# What torch's weights-only unpickler says when a file names a class or function to run
+# (its wording changes between versions: 2.13 says "unsupported GLOBAL posix.system whose
+# module posix is blocked" for an `os.system` payload).
+_NEEDS_CODE = re.compile(r"unsupported global|not an allowed global|global \S+ is not allowed"
+                         r"|whose module \S+ is blocked", re.I)
+# The advice torch puts before its reason (load with weights_only=False): not for a bad file.
+_TORCH_ADVICE = re.compile(r"^Weights only load failed\..*?(?:trusted source\.|$)", re.S)
 
 
 def read_checkpoint(path, trust: bool = False):
@@ -48,19 +53,25 @@ def read_checkpoint(path, trust: bool = False):
                     raise
                 return torch.load(file, map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as exc:
-        if _NEEDS_CODE.search(str(exc)):
-            raise DiagkitError(f"checkpoint {path} needs arbitrary unpickling (it can run code) "
-                               f"and was refused; if you trust its source, pass {TRUST_FLAG}"
-                               ) from None
-        # torch's text starts with advice to load with weights_only=False: not for a bad file
-        detail = re.search(r"WeightsUnpickler error:\s*(.*?)\s*(?:Check the documentation|$)",
-                           str(exc), re.S)
-        raise DiagkitError(f"checkpoint {path} is not a readable PyTorch file (not a checkpoint, "
-                           f"or damaged): {brief(detail.group(1)) if detail else brief(exc)}"
-                           ) from None
+        raise _unpickling_error(path, str(exc)) from None
     except Exception as exc:  # truncated zip, not a checkpoint at all, ...
         raise DiagkitError(f"checkpoint {path} is not a readable PyTorch file: "
                            f"{type(exc).__name__}: {brief(exc)}") from None
+
+
+def _unpickling_error(path, text: str) -> DiagkitError:
+    """Two different problems, two different lines: a file that names code to run (refused,
+    `--trust-checkpoint` runs it) and a file that is damaged or not a checkpoint at all (no
+    flag helps: telling the user to trust it would be wrong)."""
+    if _NEEDS_CODE.search(text):
+        return DiagkitError(f"checkpoint {path} needs arbitrary unpickling (it can run code) "
+                            f"and was refused; if you trust its source, pass {TRUST_FLAG}")
+    detail = re.search(r"WeightsUnpickler error:\s*(.*?)\s*(?:Check the documentation|$)",
+                       text, re.S)
+    reason = detail.group(1) if detail else _TORCH_ADVICE.sub("", text).split(
+        "Check the documentation")[0]
+    return DiagkitError(f"checkpoint {path} is not a readable PyTorch file (not a checkpoint, "
+                        f"or damaged): {brief(reason.strip() or text)}")
 
 
 def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
@@ -72,15 +83,25 @@ def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
                            f"{type(exc).__name__}: {brief(exc)}") from None
 
 
+_MAX_NESTING = 16  # real files nest a state dict 1-3 levels deep; a hostile one 1000
+
+
 def find_state_dict(obj, path="checkpoint") -> dict[str, torch.Tensor]:
-    if isinstance(obj, Mapping) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-        return dict(obj)
-    if isinstance(obj, Mapping):
-        for key in _NESTED_KEYS:
-            if key in obj:
-                return find_state_dict(obj[key], path)
-    raise DiagkitError(f"{path} holds no state dict of tensors (looked at the top level and "
-                       f"under {', '.join(_NESTED_KEYS)})")
+    """The mapping of tensors in `obj`, at its top level or nested under `_NESTED_KEYS`.
+    Followed in a loop, at most `_MAX_NESTING` levels, so a file nested a thousand levels deep
+    is one clear line, not a RecursionError."""
+    for _level in range(_MAX_NESTING + 1):
+        if isinstance(obj, Mapping) and obj and all(isinstance(v, torch.Tensor)
+                                                    for v in obj.values()):
+            return dict(obj)
+        key = next((k for k in _NESTED_KEYS if isinstance(obj, Mapping) and k in obj), None)
+        if key is None:
+            raise DiagkitError(f"{path} holds no state dict of tensors (looked at the top level "
+                               f"and under {', '.join(_NESTED_KEYS)})")
+        obj = obj[key]
+    raise DiagkitError(f"{path} nests its entries more than {_MAX_NESTING} levels deep (under "
+                       f"{', '.join(_NESTED_KEYS)}) without reaching a state dict of tensors: "
+                       "not a checkpoint diagkit can read")
 
 
 def find_optimizer_state(obj) -> dict | None:

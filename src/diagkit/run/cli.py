@@ -1,18 +1,23 @@
 """The `diagkit` console script. Exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad
-usage or bad input (one line on stderr, never a traceback)."""
+usage or bad input (one line on stderr, never a traceback), 130 / 143 interrupted by SIGINT /
+SIGTERM (`signals`)."""
 
 from __future__ import annotations
 
 import argparse
-import ast
 import os
 import sys
 from pathlib import Path
 
 from ..core import severity
 from ..core.errors import DiagkitError
+from ..core.files import check_output
 from ..core.format import one_line
 from ..core.options import DEFAULTS, DELTA_MODES, HELP, check_option
+from . import signals
+from .cli_run import bounded as _bounded
+from .cli_run import parse_target_args as _parse_target_args
+from .cli_run import precheck_target as _precheck_target
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 # What only running a target uses (dest -> flag): refused with `report --from DIR`.
@@ -90,9 +95,9 @@ def _target_options(p: argparse.ArgumentParser, target_nargs=None) -> None:
     p.add_argument("--nproc", type=_option("nproc"), default=DEFAULTS["nproc"], metavar="N",
                    help="processes of a torch.distributed job launched with torchrun (gloo on "
                         "CPU, NCCL on GPUs); 1 = this process")
-    p.add_argument("--timeout", type=_option("timeout"), default=DEFAULTS["timeout"],
-                   metavar="SECONDS",
-                   help="with --nproc > 1: end the run (and name the stuck rank) after this long")
+    p.add_argument("--timeout", type=_option("timeout"), metavar="SECONDS",
+                   help=f"{HELP['timeout']} (default: none in one process, "
+                        f"{DEFAULTS['timeout']} s with --nproc)")
     p.add_argument("--fail-on", choices=severity.FAIL_ON, default=DEFAULTS["fail_on"],
                    help="exit 1 when a finding is at or above this severity (default: error)")
 
@@ -110,29 +115,18 @@ def _option(name: str):
     return parse
 
 
-def _parse_target_args(pairs: list[str]) -> dict:
-    """`k=v` pairs; v is a Python literal when it parses as one, else the plain string."""
-    kwargs = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key.isidentifier():
-            raise DiagkitError(f"--arg {pair!r} is not of the form NAME=VALUE")
-        try:
-            kwargs[key] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            kwargs[key] = raw
-    return kwargs
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _run(argv)
+        with signals.handled():  # SIGTERM cleans up as Ctrl-C does
+            return _run(argv)
     except DiagkitError as exc:
         print(f"diagkit: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("diagkit: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: every `finally` has run
+        signals.ignore_more()
+        code, line = signals.exit_code(exc)
+        print(f"diagkit: {line}", file=sys.stderr)
+        return code
     except Exception as exc:  # a diagkit bug: still one line, the traceback on request
         if os.environ.get("DIAGKIT_DEBUG"):
             raise
@@ -166,39 +160,29 @@ def _run(argv) -> int:
 def _diagnose_target(args):
     """Run a target: validate everything first (before a possibly long run), then diagnose."""
     for option in ("json", "save"):
-        _check_writable(getattr(args, option, None), f"--{option}")
+        check_output(getattr(args, option, None), f"--{option}")
     kwargs = _parse_target_args(args.arg)
     _precheck_target(args.target, kwargs, args.checkpoint)
     from .api import run_target
-    return run_target(args.target, kwargs, steps=args.steps, checkpoint=args.checkpoint,
-                      trust_checkpoint=args.trust_checkpoint, nproc=args.nproc,
-                      timeout=args.timeout, delta=args.delta, every=args.every)
-
-
-def _check_writable(path: str | None, option: str) -> None:
-    """Fail before the (possibly long) run, not after it, when an output cannot be written."""
-    if path is None:
-        return
-    target = Path(path)
-    if option == "--out":  # a report folder is created with its parents
-        if target.exists() and not target.is_dir():
-            raise DiagkitError(f"{option} {path} exists and is not a folder")
-        blocker = next((p for p in target.resolve().parents if p.exists()), None)
-        if blocker is not None and not blocker.is_dir():
-            raise DiagkitError(f"{option} {path}: {blocker} is not a folder")
-        return
-    parent = target.resolve().parent
-    if not parent.is_dir():
-        raise DiagkitError(f"{option} {path}: folder {parent} does not exist")
-    if option == "--json" and target.is_dir():
-        raise DiagkitError(f"{option} {path} is a folder; give a file name")
-    if option == "--save":  # save replaces the folder: only one diagkit wrote, or an empty one
-        from ..core.files import check_replaceable_dir
-        check_replaceable_dir(target, marker="run.json")
+    from .pipeline import judge_observation
+    with _bounded(args, lambda obs: _check_outputs(args, judge_observation(obs))):
+        return run_target(args.target, kwargs, steps=args.steps, checkpoint=args.checkpoint,
+                          trust_checkpoint=args.trust_checkpoint, nproc=args.nproc,
+                          timeout=args.timeout or DEFAULTS["timeout"], delta=args.delta,
+                          every=args.every)
 
 
 def _check(args) -> int:
     diag = _diagnose_target(args)
+    _check_outputs(args, diag)
+    if diag.meta.get("timed_out"):  # the steps before it are judged and written: still exit 2
+        raise DiagkitError(f"{diag.failure.error}; the {diag.meta['steps_observed']} steps "
+                           "completed before it are kept")
+    return EXIT_FINDINGS if diag.fails(args.fail_on) else EXIT_OK
+
+
+def _check_outputs(args, diag) -> None:
+    """What `check` prints and writes, for a whole run or one its timeout ended."""
     from ..present.text import render_findings
     print(render_findings(diag))
     if args.json:
@@ -206,7 +190,6 @@ def _check(args) -> int:
         write_json_atomic(args.json, diag.to_json_dict())
     if args.save:
         diag.save(args.save)
-    return EXIT_FINDINGS if diag.fails(args.fail_on) else EXIT_OK
 
 
 def _report(args) -> int:
@@ -217,16 +200,19 @@ def _report(args) -> int:
     if args.target is None:
         raise DiagkitError("report needs a TARGET to run, or --from DIR to render a saved "
                            "diagnosis")
-    _check_writable(args.out, "--out")
+    check_output(args.out, "--out")
     kwargs = _parse_target_args(args.arg or [])
     _precheck_target(args.target, kwargs, args.checkpoint)
     params = {"target": args.target, "target_args": kwargs, "checkpoint": args.checkpoint or "",
               "trust_checkpoint": bool(args.trust_checkpoint)}
-    params.update({name: DEFAULTS[name] if getattr(args, name) is None else getattr(args, name)
-                   for name in ("steps", "nproc", "timeout", "delta", "every")})
+    # only what was given: the rest keep the notebook's defaults (no --steps: the target's)
+    params.update({name: getattr(args, name) for name in ("steps", "nproc", "timeout", "delta",
+                                                          "every") if getattr(args, name)
+                   is not None})
     from .report import write_report
-    result = write_report(args.out, {args.target: params}, show_code=args.show_code,
-                          title=f"diagkit report: {args.target}")
+    with _bounded(args):
+        result = write_report(args.out, {args.target: params}, show_code=args.show_code,
+                              title=f"diagkit report: {args.target}")
     return _report_exit(result, args.fail_on)
 
 
@@ -239,7 +225,7 @@ def _report_saved(args) -> int:
     if given:
         raise DiagkitError(f"{', '.join(given)}: only for running a TARGET; --from renders "
                            "the saved diagnosis as it was run")
-    _check_writable(args.out, "--out")
+    check_output(args.out, "--out")
     saved, out = Path(args.saved), Path(args.out)
     if saved.exists() and out.exists() and os.path.samefile(saved, out):
         raise DiagkitError(f"--out {args.out} is the saved diagnosis itself: choose another")
@@ -252,9 +238,9 @@ def _report_saved(args) -> int:
 
 
 def _compare(args) -> int:
-    _check_writable(args.json, "--json")
+    check_output(args.json, "--json")
     if args.out:
-        _check_writable(args.out, "--out")
+        check_output(args.out, "--out")
     from . import compare
     result = compare.compare_checkpoints(args.checkpoint_a, args.checkpoint_b,
                                          trust=args.trust_checkpoint)
@@ -277,7 +263,7 @@ def _compare(args) -> int:
 
 
 def _demo(args) -> int:
-    _check_writable(args.out, "--out")
+    check_output(args.out, "--out")
     from ..demos import DEMOS
     from .report import write_report
     sections = {f"diagkit.demos:{name}": {"target": f"diagkit.demos:{name}",
@@ -288,6 +274,10 @@ def _demo(args) -> int:
 
 
 def _report_exit(result, fail_on: str) -> int:
+    if result.timed_out:
+        print(f"diagkit: error: {result.timed_out}; the report shows the steps completed "
+              f"before it: {result.html.resolve()}", file=sys.stderr)
+        return EXIT_USAGE
     if result.error:
         print(f"diagkit: error: report incomplete ({result.error}); what ran is in "
               f"{result.html.resolve()}", file=sys.stderr)
@@ -296,14 +286,6 @@ def _report_exit(result, fail_on: str) -> int:
     if severity.fails(result.worst, fail_on):
         return EXIT_FINDINGS
     return EXIT_OK
-
-
-def _precheck_target(spec: str, kwargs: dict, checkpoint: str | None) -> None:
-    """Fail in one line before a kernel starts: the target must import and accept its args."""
-    from .target import check_kwargs, resolve_target
-    check_kwargs(resolve_target(spec), spec, kwargs)
-    if checkpoint and not Path(checkpoint).is_file():
-        raise DiagkitError(f"no such checkpoint file: {checkpoint}")
 
 
 if __name__ == "__main__":  # pragma: no cover

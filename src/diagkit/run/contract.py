@@ -120,7 +120,7 @@ def _validate(values: dict, declared: dict[str, Parameter]) -> dict:
             expected = " or ".join("None" if t is type(None) else t.__name__ for t in p.types)
             raise DiagkitError(f"notebook parameter {name!r} must be {expected}, "
                                f"got {type(value).__name__} {value!r}")
-        if name in CHECKS:
+        if name in CHECKS and value is not None:  # None passed the types: it is declared
             check_option(name, value, f"notebook parameter {name!r}")
         out[name] = value
     return out

@@ -22,6 +22,7 @@ from ..core.errors import DiagkitError
 from ..core.result import StepFailure
 from ..measure.observer import Observer
 from ..measure.step_state import LoopFacts
+from . import deadline
 from .gather import distributed
 from .target import Setup
 
@@ -33,22 +34,46 @@ def run_steps(observer: Observer, step_fn: Callable[[int], object], steps: int,
     Between observed steps the hooks stay attached but idle, so a long run keeps a steps table
     of steps/every rows per tensor.
     """
-    previous = None
-    for step in range(steps):
-        observed = step % every == 0
-        if observed:
-            observer.begin_step(step, consecutive=previous == step - 1)
-        try:
-            loss = step_fn(step)
-        except Exception as exc:  # the user's code: keep earlier steps, report this one
+    try:
+        return _steps(observer, step_fn, steps, every)
+    finally:
+        deadline.finish()  # judging and writing the result are not the run's to time out
+
+
+def _steps(observer: Observer, step_fn, steps: int, every: int) -> StepFailure | None:
+    """`run_steps`' loop. A step that raises, calls sys.exit or outlives `--timeout` is the
+    run's failure (the steps before it are kept); Ctrl-C still ends the run."""
+    previous, step = None, 0
+    try:
+        for step in range(steps):
+            observed = step % every == 0
             if observed:
-                observer.abort_step()
-            return StepFailure(step=step, error=f"{type(exc).__name__}: {exc}",
-                               traceback=traceback.format_exc())
-        if observed:
-            observer.end_step(loss)
-            previous = step
+                observer.begin_step(step, consecutive=previous == step - 1)
+            deadline.mark("in its train_step", step)
+            try:
+                loss = step_fn(step)
+            except (Exception, SystemExit, deadline.TimedOut) as exc:  # keep earlier steps
+                if observed:
+                    observer.abort_step()
+                return StepFailure(step=step, error=_failure_text(exc),
+                                   traceback=traceback.format_exc())
+            if observed:
+                observer.end_step(loss)
+                previous = step
+    except deadline.TimedOut as exc:  # expired in diagkit's own bookkeeping of the step
+        if observer.active:
+            observer.abort_step()
+        return StepFailure(step=step, error=str(exc), traceback="")
     return None
+
+
+def _failure_text(exc: BaseException) -> str:
+    """The step's failure in one line; a sys.exit in the user's step is named as one."""
+    if isinstance(exc, deadline.TimedOut):
+        return str(exc)
+    if isinstance(exc, SystemExit):
+        return f"the target called sys.exit({exc.code!r}) in its step"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def loop_facts(setup: Setup) -> LoopFacts:
@@ -66,16 +91,20 @@ def step_function(setup: Setup) -> Callable[[int], object]:
     if setup.train_step is not None:
         return setup.train_step
 
-    def standard_step(_step: int):
+    def standard_step(step: int):
+        deadline.mark("in zero_grad", step)
         for opt in setup.optimizers:
             opt.zero_grad(set_to_none=setup.zero_grad_set_to_none)
+        deadline.mark("in its batch (batch_fn)", step)
         batch = setup.batch_fn()
+        deadline.mark("in its forward/backward (loss_fn, backward)", step)
         loss = setup.loss_fn(setup.model, batch)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise DiagkitError(f"loss_fn must return a scalar tensor, got {type(loss).__name__}"
                                + (f" of shape {tuple(loss.shape)}"
                                   if isinstance(loss, torch.Tensor) else ""))
         loss.backward()
+        deadline.mark("in its optimizer step", step)
         for opt in setup.optimizers:
             opt.step()
         if setup.lr_scheduler is not None:

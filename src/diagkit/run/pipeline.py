@@ -22,6 +22,8 @@ from ..measure.aggregate import build_params
 from ..measure.inventory import take_inventory
 from ..measure.observer import Observer
 from ..measure.restore import SavedState
+from . import deadline
+from .deadline import is_timeout
 from .loop import loop_facts, run_steps, step_function
 from .target import Setup
 
@@ -40,14 +42,20 @@ def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
             checksums: bool = False, on_progress=None, delta: str = DEFAULTS["delta"],
             every: int = DEFAULTS["every"], sample: int = DEFAULTS["sample"]) -> Observation:
     """Measure only: run the steps under observation and return the tables (no judging)."""
-    n_steps = steps if steps is not None else (setup.steps or DEFAULTS["steps"])
-    check_run_options(steps=n_steps, delta=delta, every=every, sample=sample)
-    inventory = take_inventory(setup.model, setup.optimizers)
-    if not inventory.tensors:
-        raise DiagkitError("the model has no parameters and the optimizers hold none: "
-                           "nothing to diagnose")
-    observer = Observer(inventory, setup.optimizers, delta=delta, sample=sample,
-                        checksums=checksums, on_progress=on_progress, loop=loop_facts(setup))
+    try:
+        n_steps = resolve_steps(steps, setup.steps)
+        check_run_options(steps=n_steps, delta=delta, every=every, sample=sample)
+        inventory = take_inventory(setup.model, setup.optimizers)
+        if not inventory.tensors:
+            raise DiagkitError("the model has no parameters and the optimizers hold none: "
+                               "nothing to diagnose")
+        observer = Observer(inventory, setup.optimizers, delta=delta, sample=sample,
+                            checksums=checksums, on_progress=on_progress,
+                            loop=loop_facts(setup))
+    except BaseException:
+        deadline.finish()  # no steps will run: nothing left to time out
+        raise
+    _keep_for_timeout(inventory, observer, n_steps)
     saved = (SavedState(setup.model, inventory.tensors, setup.optimizers, setup.lr_scheduler)
              if restore else None)
     started = time.perf_counter()
@@ -59,6 +67,7 @@ def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
             saved.restore()
     meta = {
         "steps_requested": n_steps,
+        **({"timed_out": True} if is_timeout(failure) else {}),
         "loop": "train_step" if setup.train_step is not None else "standard",
         "losses": observer.losses,
         "seconds": round(time.perf_counter() - started, 4),
@@ -69,6 +78,26 @@ def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
         **({"sample": sample} if delta != "exact" else {}),
     }
     return Observation(inventory.rows, observer.steps_table(), failure, meta)
+
+
+def resolve_steps(steps: int | None, target_steps: int | None) -> int:
+    """The one rule for how many steps a run observes, on every path (`check`, `report`, the
+    notebook, `--nproc` ranks): an explicit `steps` wins over the target's own `steps`, which
+    wins over the default."""
+    if steps is not None:
+        return steps
+    return target_steps if target_steps is not None else DEFAULTS["steps"]
+
+
+def _keep_for_timeout(inventory, observer: Observer, n_steps: int) -> None:
+    """Under `--timeout`, what the run completed so far, in case its process must be ended
+    with the main thread stuck (`deadline`): the steps recorded, judged as a failed run."""
+    clock = deadline.active()
+    if clock is not None:
+        clock.snapshot = lambda: Observation(
+            inventory.rows, observer.steps_table(),
+            StepFailure(step=clock.step or 0, error=clock.message(), traceback=""),
+            {"steps_requested": n_steps, "timed_out": True, "torch": torch.__version__})
 
 
 def judge_observation(obs: Observation, *, checkpoint: LoadReport | None = None,

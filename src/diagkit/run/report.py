@@ -20,6 +20,7 @@ from pathlib import Path
 from ..core import severity
 from ..core.errors import DiagkitError
 from ..core.format import one_line
+from . import signals
 from .contract import DIAGNOSE, notebook_path
 from .notebook import validate
 from .paths import LAUNCH_ENV
@@ -32,6 +33,7 @@ class ReportResult:
     html: Path
     error: str | None  # one line: which cell failed and why, or None
     worst: str | None  # highest finding severity, when the notebook got that far
+    timed_out: str | None = None  # the run's --timeout failure (its steps before are shown)
 
 
 def write_report(out, sections: dict[str, dict], show_code: bool = False,
@@ -51,7 +53,7 @@ def write_report(out, sections: dict[str, dict], show_code: bool = False,
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        notebooks, errors, worst = [], [], []
+        notebooks, errors, worst, timed_out = [], [], [], []
         for name, params in checked.items():
             data_dir = scratch if len(checked) == 1 else scratch / _slug(name)
             nb, error = _execute(params, data_dir, scratch / f".{_slug(name)}.ipynb", notebook,
@@ -60,17 +62,20 @@ def write_report(out, sections: dict[str, dict], show_code: bool = False,
             if error:
                 errors.append(f"{name}: {error}" if len(checked) > 1 else error)
             worst.append(_worst(data_dir))
+            timed_out.append(_timed_out(data_dir))
         merged = _merge(notebooks, title) if len(notebooks) > 1 else notebooks[0][1]
         merged.metadata["title"] = title
         nbformat.write(merged, scratch / "report.ipynb")
         (scratch / "report.html").write_text(_to_html(merged, show_code), encoding="utf-8")
         for leftover in scratch.glob(".*.ipynb"):
             leftover.unlink()
-        _move_into(scratch, out)
+        with signals.deferred():  # the old report or the new one, never a mix
+            _move_into(scratch, out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return ReportResult(html=out / "report.html", error="; ".join(errors) or None,
-                        worst=severity.worst(w for w in worst if w))
+                        worst=severity.worst(w for w in worst if w),
+                        timed_out=next(filter(None, timed_out), None))
 
 
 def _execute(params: dict, data_dir: Path, output: Path, notebook: str, label: str):
@@ -88,7 +93,9 @@ def _execute(params: dict, data_dir: Path, output: Path, notebook: str, label: s
             str(notebook_path(notebook)), str(output), parameters=parameters,
             kernel_name="python3", progress_bar={"file": sys.stderr, "desc": f"diagkit {label}"},
             cwd=os.getcwd(), request_save_on_cell_execute=False,
-            extra_arguments=["--IPKernelApp.log_level=ERROR"])  # no kernel chatter on stderr
+            # no kernel chatter on stderr: not even the ERROR a kernel logs when diagkit is
+            # interrupted and shuts it down in the middle of a cell
+            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
     except PapermillExecutionError as exc:
         error = f"cell {exc.exec_count} failed: {exc.ename}: {_one_line(exc.evalue)}"
     except Exception as exc:  # the kernel died or could not start: still render what ran
@@ -155,6 +162,16 @@ def _worst(data_dir: Path) -> str | None:
     if not findings.is_file():
         return None
     return json.loads(findings.read_text()).get("worst")
+
+
+def _timed_out(data_dir: Path) -> str | None:
+    """The failure of a run its --timeout ended (`diagkit.run.deadline`), from findings.json."""
+    findings = data_dir / "findings.json"
+    if not findings.is_file():
+        return None
+    payload = json.loads(findings.read_text())
+    return (payload.get("failure") or {}).get("error") if (payload.get("meta") or {}).get(
+        "timed_out") else None
 
 
 def _slug(name: str) -> str:

@@ -20,6 +20,7 @@ import torch
 
 from ..core.errors import TargetError
 from ..core.options import positive_int
+from . import deadline
 
 _KEYS = ("model", "optimizer", "optimizers", "batch_fn", "loss_fn", "train_step", "steps",
          "zero_grad_set_to_none", "lr_scheduler")
@@ -126,17 +127,32 @@ def load_target(spec: str, **kwargs) -> Setup:
     A file target's folder is importable while the file is imported and its function runs, as
     under `python path/to/file.py`, so `import helpers` finds the helpers.py next to it.
     """
-    with target_folder_importable(spec):
-        fn = resolve_target(spec)
-        check_kwargs(fn, spec, kwargs)
-        try:
-            result = fn(**kwargs)
-        except TargetError:
-            raise
-        except Exception as exc:  # the user's builder failed: say so in one line, keep the cause
-            raise TargetError(f"target {spec!r} raised while building the setup: "
-                              f"{type(exc).__name__}: {exc}") from exc
-    return Setup.from_mapping(result, origin=f"target {spec!r}")
+    deadline.mark("building")  # under --timeout, the run's clock starts here
+    try:
+        with target_folder_importable(spec):
+            fn = resolve_target(spec)
+            check_kwargs(fn, spec, kwargs)
+            result = _build(fn, spec, kwargs)
+        return Setup.from_mapping(result, origin=f"target {spec!r}")
+    except BaseException:
+        deadline.finish()  # no run follows: nothing left to time out
+        raise
+
+
+def _build(fn: Callable, spec: str, kwargs: dict):
+    """Call the target's function; its failure, its sys.exit or a timeout is one line."""
+    try:
+        return fn(**kwargs)
+    except TargetError:
+        raise
+    except deadline.TimedOut as exc:
+        raise TargetError(str(exc)) from None
+    except SystemExit as exc:  # not diagkit's exit code: the target's bug, named as one
+        raise TargetError(f"target {spec!r} called sys.exit({exc.code!r}) while building the "
+                          "setup") from None
+    except Exception as exc:  # the user's builder failed: say so in one line, keep the cause
+        raise TargetError(f"target {spec!r} raised while building the setup: "
+                          f"{type(exc).__name__}: {exc}") from exc
 
 
 @contextlib.contextmanager
@@ -185,6 +201,8 @@ def _import_module(dotted: str):
         raise TargetError(f"importing {dotted!r} failed: {exc}") from exc
     except Exception as exc:  # user code raised while importing: name it, one line
         raise TargetError(f"importing {dotted!r} failed: {type(exc).__name__}: {exc}") from exc
+    except (SystemExit, deadline.TimedOut) as exc:
+        raise TargetError(_import_exit(dotted, exc)) from None
 
 
 def _import_file(path: str):
@@ -200,7 +218,18 @@ def _import_file(path: str):
     except Exception as exc:
         sys.modules.pop(mod_name, None)
         raise TargetError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    except (SystemExit, deadline.TimedOut) as exc:
+        sys.modules.pop(mod_name, None)
+        raise TargetError(_import_exit(path, exc)) from None
     return module
+
+
+def _import_exit(where: str, exc: BaseException) -> str:
+    """A target module that calls sys.exit (or hangs) at import: its exit code is not
+    diagkit's."""
+    if isinstance(exc, SystemExit):
+        return f"importing {where} failed: it called sys.exit({exc.code!r}) at import"
+    return str(exc)
 
 
 def check_kwargs(fn: Callable, spec: str, kwargs: dict) -> None:

@@ -25,9 +25,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..measure.ddp_facts import ddp_facts
+from . import deadline
 
 
 def main(argv: list[str]) -> int:
+    os.environ.pop(deadline.ENV, None)  # the launcher bounds a rank, with the same --timeout
     spec = json.loads(Path(argv[0]).read_text())
     run_dir = Path(spec["run_dir"])
     rank = int(os.environ["RANK"])

@@ -1,0 +1,44 @@
+"""Running a target from the command line: its `--arg K=V` pairs, the checks made before a
+kernel or a run starts, and the `--timeout` bound of a run in this process."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+from pathlib import Path
+
+from ..core.errors import DiagkitError
+from ..core.options import DEFAULTS
+
+
+def parse_target_args(pairs: list[str]) -> dict:
+    """`k=v` pairs; v is a Python literal when it parses as one, else the plain string."""
+    kwargs = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise DiagkitError(f"--arg {pair!r} is not of the form NAME=VALUE")
+        try:
+            kwargs[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            kwargs[key] = raw
+    return kwargs
+
+
+def bounded(args, on_hard_expiry=None):
+    """`--timeout` for a run in this process, or in the kernel a report starts (`deadline`),
+    when it is given: a run in one process has no bound by default, since building a large
+    model or a slow step on a CPU can take minutes. Under --nproc the launcher bounds the run
+    with the same option (default `DEFAULTS["timeout"]`: a rank that hangs)."""
+    from . import deadline
+    if (args.nproc or DEFAULTS["nproc"]) > 1 or args.timeout is None:
+        return contextlib.nullcontext()
+    return deadline.bound_runs(args.timeout, on_hard_expiry)
+
+
+def precheck_target(spec: str, kwargs: dict, checkpoint: str | None) -> None:
+    """Fail in one line before a kernel starts: the target must import and accept its args."""
+    from .target import check_kwargs, resolve_target
+    check_kwargs(resolve_target(spec), spec, kwargs)
+    if checkpoint and not Path(checkpoint).is_file():
+        raise DiagkitError(f"no such checkpoint file: {checkpoint}")
