@@ -22,9 +22,10 @@ def test_library_defaults():
 
 def test_cli_defaults():
     args = build_parser().parse_args(["check", "x:y"])
-    for name in ("delta", "every", "nproc", "timeout", "fail_on"):
+    for name in ("delta", "every", "nproc", "fail_on"):
         assert getattr(args, name) == DEFAULTS[name], name
     assert args.steps is None  # the target's own steps, else DEFAULTS["steps"]
+    assert args.timeout is None  # none in one process; DEFAULTS["timeout"] under --nproc
     assert build_parser().parse_args(["demo"]).steps == DEFAULTS["steps"]
 
 

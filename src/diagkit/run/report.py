@@ -87,6 +87,7 @@ def _execute(params: dict, data_dir: Path, output: Path, notebook: str, label: s
     data_dir.mkdir(parents=True, exist_ok=True)
     parameters = {**params, "out_dir": str(data_dir)}
     error = None
+    launched = os.environ.get(LAUNCH_ENV)
     os.environ[LAUNCH_ENV] = os.getcwd()  # the kernel's relative paths: from here (run.paths)
     try:
         papermill.execute_notebook(
@@ -100,6 +101,11 @@ def _execute(params: dict, data_dir: Path, output: Path, notebook: str, label: s
         error = f"cell {exc.exec_count} failed: {exc.ename}: {_one_line(exc.evalue)}"
     except Exception as exc:  # the kernel died or could not start: still render what ran
         error = f"the notebook did not finish: {type(exc).__name__}: {_one_line(str(exc))}"
+    finally:  # for this kernel only: later runs in this process may be launched elsewhere
+        if launched is None:
+            os.environ.pop(LAUNCH_ENV, None)
+        else:
+            os.environ[LAUNCH_ENV] = launched
     if output.is_file():
         nb = nbformat.read(output, as_version=4)
     else:

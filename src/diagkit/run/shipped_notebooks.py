@@ -11,6 +11,9 @@ kernel's into a notebook as it opens it, so a copy without it showed as modified
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 from ..core.errors import DiagkitError
@@ -32,21 +35,33 @@ def copy_notebooks(dest: str | Path, force: bool = False) -> list[Path]:
                            "(--force replaces them)")
     try:
         dest.mkdir(parents=True, exist_ok=True)
-        return [_copy(s, dest / s.name) for s in sources]
+        info = kernel_language_info()
+        return [_copy(s, dest / s.name, info) for s in sources]
     except OSError as exc:
         raise DiagkitError(f"cannot copy the notebooks into {dest}: {exc.strerror or exc}"
                            ) from None
 
 
-def _copy(source: Path, target: Path) -> Path:
-    """`source` written to `target` with this interpreter's kernel `language_info`."""
-    import json
-
-    from ipykernel.ipkernel import IPythonKernel
+def _copy(source: Path, target: Path, language_info: dict) -> Path:
+    """`source` written to `target` with the kernel's `language_info`."""
     nb = json.loads(source.read_text(encoding="utf-8"))
-    nb.setdefault("metadata", {})["language_info"] = dict(IPythonKernel.language_info)
+    nb.setdefault("metadata", {})["language_info"] = language_info
     target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return target
+
+
+def kernel_language_info() -> dict:
+    """The `language_info` this interpreter's IPython kernel reports, asked of a child
+    process: importing ipykernel here would replace the `comm` package's factory for the whole
+    process (ipywidgets in it would then need a running kernel)."""
+    code = ("import json; from ipykernel.ipkernel import IPythonKernel; "
+            "print(json.dumps(IPythonKernel.language_info))")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120, check=True)
+        return json.loads(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return {"name": "python"}  # as shipped: JupyterLab fills in the rest on opening
 
 
 def command(args) -> int:
