@@ -10,7 +10,7 @@ import pytest
 
 from diagkit.present.explorer import explore
 from diagkit.present.explorer_state import ExplorerState
-from diagkit.present.plots import _floor
+from diagkit.present.plots import log_floor
 
 MEM = "module.metamodel.model.mem_tokens"
 
@@ -82,7 +82,7 @@ def test_zeros_are_drawn_at_the_static_plots_floor_on_log_scale(meta):
     for metric in ("delta_norm", "update_ratio"):
         state.metric = metric
         values = state.series().to_numpy(dtype=float)
-        floor = _floor(values[np.isfinite(values) & (values > 0)])
+        floor = log_floor(values[np.isfinite(values) & (values > 0)])
         fig = state.figure()
         ax = fig.axes[0]
         mem = ax.get_lines()[0]

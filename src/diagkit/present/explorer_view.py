@@ -20,7 +20,7 @@ from matplotlib.ticker import MaxNLocator
 
 from ..core import severity
 from ..core.format import fmt_shape, truncate_left
-from .plots import _floor   # where a 0 sits on a log axis: the static plots' rule, shared
+from .plots import log_floor   # where a 0 sits on a log axis: the static plots' rule, shared
 
 _MAX_LEGEND = 15      # above this many lines the legend is left out
 
@@ -41,7 +41,7 @@ def figure(state, *, max_lines: int, ylabel: str) -> Figure:
     lines, the y axis labelled `ylabel` (the caller owns both: they are the state's settings).
     Says 'no data', and why, when there is nothing finite to draw. On a log scale a 0 (an
     orphan's change, every step) is drawn on a dotted floor line, as the static plots draw it
-    (`plots._floor`), and the title says so: a log axis alone would drop it without a word."""
+    (`plots.log_floor`), and the title says so: a log axis alone would drop it without a word."""
     fig = Figure(figsize=(8, 3.8), layout="constrained")
     ax = fig.add_subplot()
     data = state.series()
@@ -55,7 +55,7 @@ def figure(state, *, max_lines: int, ylabel: str) -> Figure:
         return fig
     title = f"{state.metric} per step"
     zeros = finite & (np.nan_to_num(values, nan=1.0) <= 0)
-    floor = _floor(values[finite & ~zeros]) if state.log_scale and zeros.any() else None
+    floor = log_floor(values[finite & ~zeros]) if state.log_scale and zeros.any() else None
     if floor is not None:
         values = np.where(zeros, floor, values)
         title += f" (log; a 0 is drawn at {floor:.0e}, dotted)"

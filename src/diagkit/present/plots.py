@@ -202,7 +202,7 @@ def update_ratio_figure(steps: pd.DataFrame, params: pd.DataFrame, top: int = 8)
                  else "no update ratio was recorded", title, ylabel)
         return fig
     positive = finite & (values > 0)
-    floor = _floor(values[positive])
+    floor = log_floor(values[positive])
     names = ratio.columns
     col = {n: i for i, n in enumerate(names)}
     has_data = names[finite.any(axis=0)]
@@ -225,7 +225,7 @@ def update_ratio_figure(steps: pd.DataFrame, params: pd.DataFrame, top: int = 8)
     return fig
 
 
-def _floor(positive_values: np.ndarray) -> float:
+def log_floor(positive_values: np.ndarray) -> float:
     """Where a ratio of 0 is drawn on the log axis: a decade below the next power of ten under
     the smallest real ratio, so 'no change' sits visibly below every real value."""
     smallest = positive_values.min() if positive_values.size else 1e-5
