@@ -15,6 +15,8 @@ Prints a table with each measured ratio beside its goal and writes everything to
   D. the steps table of a long run (2,000 tensors) observed every step vs every 100th.
   F. `diagkit.watch` in the user's own loop: watched vs plain steps, and after it detached
      (benchmarks/watch_time.py).
+  G. the same on the GPT sharded by FSDP2 (`fully_shard`, world 1 on gloo) against that sharded
+     model's plain step (benchmarks/fsdp_time.py).
   E. with --device cuda: the ~350M-parameter GPT on the GPU (step ratio per delta mode, host
      syncs and device bytes allocated per observed step, peak device memory per mode).
 
@@ -643,7 +645,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the observed step")
     ap.add_argument("--out", default="out/bench.json", help="JSON output path")
     ap.add_argument("--skip", action="append", default=[],
-                    choices=["time", "watch", "memory", "report", "stride"])
+                    choices=["time", "watch", "fsdp", "memory", "report", "stride"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: the ~350M-parameter GPT variant on the GPU (time and memory)")
     ap.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
@@ -691,6 +693,12 @@ def main(argv=None) -> int:
                            sz["steps_per_block"][kind])
             result["watch_time"][kind] = r
             lines += watch_lines(kind, r, GOALS[f"step_ratio_{kind}"])
+    if "fsdp" not in args.skip:
+        from fsdp_time import fsdp_lines, time_fsdp
+        print("[fsdp] gpt ...", file=sys.stderr, flush=True)
+        r = time_fsdp(build, "gpt", sz["gpt"], sz["rounds"]["gpt"], sz["steps_per_block"]["gpt"])
+        result["fsdp_watch_time"] = {"gpt": r}
+        lines += fsdp_lines("gpt", r, GOALS["step_ratio_gpt"])
     if "memory" not in args.skip:
         result["memory"] = {}
         for kind in ("gpt", "small"):

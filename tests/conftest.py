@@ -79,6 +79,7 @@ class T:
             "bytes": 16,
             "dtype": "torch.float32",
             "device": "cpu",
+            "placement": "",
             "in_model": True,
             "requires_grad": bool(rows[-1]["requires_grad"]) if rows
             else bool(self.values.get("requires_grad", True)),

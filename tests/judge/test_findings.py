@@ -82,13 +82,19 @@ def test_each_verdict_gets_its_own_findings():
     assert all(f.params == ("mem",) and f.count == 1 for f in found)
 
 
-def test_tensors_outside_the_model_are_reported_by_name():
+def test_tensors_outside_the_model_are_reported_by_their_optimizer_group():
+    """All the tensors an optimizer group holds outside the model are one finding (an
+    optimizer built before fully_shard holds every replaced tensor), named in its params."""
     found = findings_of(
         T("<optimizer 0 group 0 #2>", in_model=False, module="", module_type=None),
         T("<optimizer 0 group 0 #3>", in_model=False, module="", module_type=None),
+        T("<optimizer 0 group 1 #0>", in_model=False, module="", module_type=None,
+          memberships=((0, 1),), group=1),
         T("fc.weight"))
-    assert sorted(f.module for f in found if f.code == "not_in_model") == [
-        "<optimizer 0 group 0 #2>", "<optimizer 0 group 0 #3>"]
+    outside = sorted((f.module, f.params) for f in found if f.code == "not_in_model")
+    assert outside == [("<optimizer 0 group 0>", ("<optimizer 0 group 0 #2>",
+                                                  "<optimizer 0 group 0 #3>")),
+                       ("<optimizer 0 group 1>", ("<optimizer 0 group 1 #0>",))]
 
 
 def test_no_findings_when_everything_is_ok():

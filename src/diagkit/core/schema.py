@@ -18,6 +18,9 @@ PARAMS_COLUMNS: dict[str, str] = {
     "bytes": "numel * element size",
     "dtype": "e.g. 'torch.float32'",
     "device": "e.g. 'cpu', 'cuda:0'",
+    "placement": "how the tensor is split over ranks: '' for a plain tensor, else a DTensor's "
+                 "placements (FSDP2: 'Shard(dim=0)'); shape, numel and bytes are the whole "
+                 "tensor's",
     "in_model": "the tensor is a parameter of the model",
     "requires_grad": "requires_grad on the last observed step (at optimizer-step time)",
     "optimizer": "index of the first optimizer holding the tensor (<NA> if none)",

@@ -136,7 +136,7 @@ def subtrees(params: pd.DataFrame, flagged: np.ndarray) -> list[tuple[str, list[
     for i in np.flatnonzero(flagged):
         row = params.iloc[i]
         if not row["in_model"]:
-            keys[int(i)] = row["name"]
+            keys[int(i)] = _outside_key(row)
             continue
         whole = next((a for a in _ancestors(row["module"]) if hit[a] == total[a]), None)
         keys[int(i)] = whole if whole is not None else row["name"]
@@ -147,6 +147,14 @@ def subtrees(params: pd.DataFrame, flagged: np.ndarray) -> list[tuple[str, list[
         groups.setdefault(key, []).append(i)
     return [(key, rows, len(rows) == 1 or (key in total and hit[key] == total[key]))
             for key, rows in groups.items()]
+
+
+def _outside_key(row) -> str:
+    """A tensor outside the model is reported with the others of its optimizer group (an
+    optimizer built before `fully_shard` or a wrapper replaced the model's tensors holds all
+    of the old ones: one finding, not one per tensor)."""
+    pairs = row["memberships"]
+    return f"<optimizer {pairs[0][0]} group {pairs[0][1]}>" if pairs else row["name"]
 
 
 def _coarsen(keys: dict[int, str], params: pd.DataFrame) -> dict[int, str]:

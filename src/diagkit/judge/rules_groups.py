@@ -57,5 +57,7 @@ def _explain_not_in_model(label, group, steps):
     message = (f"{subject(label, group)} is held by an optimizer but is not a parameter of the "
                "model: model.zero_grad(), state_dict() and DDP's gradient sync all miss it.")
     fix = ("Register it on a module (self.x = nn.Parameter(...)) and build the optimizer from "
-           "model.parameters(); drop stale heads from the optimizer.")
+           "model.parameters(); drop stale heads from the optimizer. If the model's own "
+           "parameters were replaced after the optimizer was built (fully_shard, "
+           "get_peft_model, to_empty), build the optimizer after that.")
     return message, fix

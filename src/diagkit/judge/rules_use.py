@@ -28,6 +28,12 @@ def _explain_orphan(label, group, steps):
     fix = f'optimizer.add_param_group({{"params": {expr}}})'
     freeze = (f"  — or, if it should stay fixed, freeze it: for p in {iter_expr(label, group)}: "
               "p.requires_grad_(False)")
+    if "placement" in group and (group["placement"].fillna("") != "").all():
+        message += (" Its tensors are DTensor shards (FSDP2): an optimizer built before "
+                    "`fully_shard` holds the tensors that fully_shard replaced (listed as "
+                    "not_in_model), not these.")
+        return message, ("Build the optimizer after sharding: fully_shard(...) every module "
+                         "first, then torch.optim.AdamW(model.parameters(), ...).")
     prefixed = [n for n in names if n.startswith("module.")]
     if prefixed:
         # A `module.` name is what the target's own code saw (diagkit's own DDP wrap adds no
@@ -71,6 +77,9 @@ def _explain_unused(label, group, steps):
     message = (f"{subject(label, group)} requires grad but never receives a gradient: the forward "
                "never uses it. Under DDP this forces find_unused_parameters=True, and it is dead "
                "weight in the optimizer and every checkpoint.")
+    if not group["in_model"].any():  # held by an optimizer only: nothing to freeze in the model
+        return message, ("Drop it from the optimizer: build the optimizer from "
+                         "model.parameters(), after anything that replaces them.")
     drop = (f"  — or drop the submodule before building the optimizer: del {accessor(label)}"
             if whole_module else "")
     fix = (f"Freeze it: for p in {iter_expr(label, group)}: p.requires_grad_(False){drop}; "

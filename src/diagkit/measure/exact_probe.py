@@ -167,14 +167,16 @@ class ExactProbe:
         return [self.tensors[self.indices[p]] for p in positions]
 
     def resolve(self, got: dict):
-        """(delta_norm, changed, update_ratio) of every tensor, for this step."""
+        """(delta_norm, changed, update_ratio) of every tensor, for this step; `value_norm`
+        then holds each tensor's norm before it (to combine ratios over shards)."""
         n = len(self.tensors)
         delta, changed, ratio = np.zeros(n), np.zeros(n, dtype=bool), np.full(n, np.nan)
-        self.resolve_into(got, "x", delta, changed, ratio)
+        self.value_norm = np.full(n, np.nan)
+        self.resolve_into(got, "x", delta, changed, ratio, self.value_norm)
         return delta, changed, ratio
 
-    def resolve_into(self, got: dict, tag: str, delta, changed, ratio) -> None:
-        """Fill the rows of `indices` in the three per-tensor arrays.
+    def resolve_into(self, got: dict, tag: str, delta, changed, ratio, value) -> None:
+        """Fill the rows of `indices` in the four per-tensor arrays (`value`: the norm before).
 
         Works in the order the norms were queued (`_order`: group by group), so the common
         step is a handful of vectorised operations; only the rare tensor whose norm is 0 or
@@ -215,6 +217,7 @@ class ExactProbe:
         delta[f] = l2
         changed[f] = fchanged
         ratio[f] = np.divide(l2, before, out=np.full(len(l2), np.nan), where=before > 0)
+        value[f] = before
         others = self._other_at
         delta[others] = 0.0
         changed[others] = got[f"{tag}.other"] != 0

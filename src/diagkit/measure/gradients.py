@@ -18,6 +18,7 @@ Both follow `GradientStrategy`, and queue norms on the `StepState` (`_measure_fr
 from __future__ import annotations
 
 import operator
+import weakref
 from collections.abc import Callable
 from typing import Protocol
 
@@ -26,6 +27,7 @@ import torch
 
 from .buckets import Buckets, Layout
 from .kernels import exact_norm, max_abs
+from .shards import is_sharded, local
 from .step_state import StepState
 
 _GRAD_AND_FLAG = operator.attrgetter("grad", "requires_grad")
@@ -49,6 +51,8 @@ class BackwardHooks:
         self.obs = observer
         self.ks = ks
         self.by_tensor: dict[int, object] = {}  # k -> its hook's handle
+        # A sharded tensor's .grad when its hook last fired: (weak reference, version).
+        self.last_sharded: dict[int, tuple] = {}
 
     def attach(self, handles: list, ks=None) -> None:
         """Hook `ks` (default: all of ours), appending the handles to `handles`."""
@@ -58,7 +62,9 @@ class BackwardHooks:
             try:
                 if not was:
                     t.requires_grad_(True)
-                handles.append(handle := t.register_hook(self._hook(k)))
+                handles.append(handle := (
+                    t.register_post_accumulate_grad_hook(self._sharded_hook(k))
+                    if is_sharded(t) else t.register_hook(self._hook(k))))
                 self.by_tensor[k] = handle
             except RuntimeError:  # not a leaf we can hook: observed through values only
                 pass
@@ -82,13 +88,7 @@ class BackwardHooks:
         def hook(grad):
             if not obs.active:
                 return None
-            st = obs.state
-            if not st.backward_queued:
-                if not st.touched:
-                    obs.progress("backward")
-                st.backward_queued = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
-            st.touched.add(k)
+            st = self._touch(k)
             if not st.used[k]:
                 st.used[k] = True
                 current = tensor.grad
@@ -98,6 +98,42 @@ class BackwardHooks:
             elif k in st.own_grad:
                 st.own_grad[k] = st.own_grad[k] + grad
             return None
+        return hook
+
+    def _touch(self, k: int) -> StepState:
+        """Autograd reached tensor k: the first such hook of a backward queues its end."""
+        obs = self.obs
+        st = obs.state
+        if not st.backward_queued:
+            if not st.touched:
+                obs.progress("backward")
+            st.backward_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
+        st.touched.add(k)
+        return st
+
+    def _sharded_hook(self, k: int) -> Callable:
+        """FSDP2 sets a DTensor parameter's .grad itself, reduce-scattered from the unsharded
+        parameter's, and then calls its post-accumulate hooks (a hook on the gradient never
+        fires). `carried`: .grad is the object the hook saw last time, not rewritten through
+        the DTensor since (zeroing in place bumps its version; FSDP's accumulation writes its
+        shard without doing so), so this step's gradient was added to an old one. A .grad
+        that was clipped and then not cleared counts as cleared; and the carried part cannot
+        be told from this step's, so `grad_norm` includes it (the README's FSDP2 section)."""
+        obs, tensor = self.obs, self.obs.tensors[k]
+
+        def hook(_param):
+            if not obs.active:
+                return
+            st, g = self._touch(k), tensor.grad
+            if g is None:
+                return
+            if not st.used[k]:
+                st.used[k] = True
+                ref, version = self.last_sharded.get(k, (None, None))
+                if ref is not None and ref() is g and g._version == version:
+                    st.carried[k] = max_abs(local(g))
+            self.last_sharded[k] = (weakref.ref(g), g._version)
         return hook
 
     def _backward_end(self) -> None:
@@ -120,8 +156,9 @@ class BackwardHooks:
         if any(g is None for g in own.values()):
             own = {k: g for k, g in own.items() if g is not None}
             on_grad = [k for k in on_grad if k in own]
-        _measure_fresh(st, obs.everything, [own.get(k) for k in range(obs.n)],
-                      obs.zero_grad_expected)
+        fresh = [own.get(k) for k in range(obs.n)]
+        _measure_fresh(st, obs.everything, list(map(local, fresh)) if obs.sharded else fresh,
+                       obs.zero_grad_expected)
         st.on_grad[on_grad] = True  # measured on .grad itself: reusable at optimizer time
         if not obs.loop.grads_untouched_until_step:
             st.grad_versions.update((k, (own[k], own[k]._version)) for k in on_grad)

@@ -10,6 +10,8 @@ import dataclasses
 
 import torch
 
+from .shards import placement, refuse_flat_parameters
+
 
 @dataclasses.dataclass
 class Inventory:
@@ -26,6 +28,7 @@ class Inventory:
 
 
 def take_inventory(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> Inventory:
+    refuse_flat_parameters(model)
     tensors: list[torch.Tensor] = []
     rows: list[dict] = []
     index: dict[int, int] = {}
@@ -77,6 +80,7 @@ def _row(name, tensor, module, module_type, in_model):
         "bytes": tensor.numel() * tensor.element_size(),
         "dtype": str(tensor.dtype),
         "device": str(tensor.device),
+        "placement": placement(tensor),
         "in_model": in_model,
         "requires_grad": tensor.requires_grad,
     }

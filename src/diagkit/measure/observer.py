@@ -30,6 +30,7 @@ from .inventory import Inventory, group_lr
 from .kernels import checksum, norms
 from .probes import make_probe
 from .readback import Pending
+from .shards import ShardCombiner, is_sharded, local
 from .step_records import StepRecords
 from .step_state import LoopFacts, StepState
 from .strategy_plan import plan_strategies
@@ -69,10 +70,14 @@ class Observer:
         self._slot_of = np.array([-1 if g is None else self._lr_slots.index(g)
                                   for g in inventory.first_group], dtype=np.int64)
         held = {int(k) for ks in self._held_by for k in ks}
-        self.probe = make_probe(delta, self.tensors, {k for k, t in enumerate(self.tensors)
-                                                      if not t.requires_grad or k not in held},
+        # What is measured of each tensor: itself, or this rank's shard of a DTensor (FSDP2).
+        self.shards = ShardCombiner(self.tensors)
+        self.sharded = any(map(is_sharded, self.tensors))
+        self.local = [local(t) for t in self.tensors] if self.sharded else self.tensors
+        self.probe = make_probe(delta, self.local, {k for k, t in enumerate(self.tensors)
+                                                    if not t.requires_grad or k not in held},
                                 sample)
-        self._grad_buckets = Buckets(self.tensors)
+        self._grad_buckets = Buckets(self.local)
         self.everything = Layout(list(range(n)), self._grad_buckets)
         plan = plan_strategies(self, self._held_by, self._handles)
         self._strategies, self._earned, self._read_by = plan.strategies, plan.earned, plan.read_by
@@ -151,6 +156,12 @@ class Observer:
         grad_total[same] = grad_norm[same]
         carried_grad = np.zeros(self.n, dtype=bool)
         carried_grad[keys["carried"]] = got["carried"] != 0  # NaN != 0: a NaN .grad is carried
+        if self.shards:  # every rank, every step: the whole tensors' values from the shards'
+            self.shards.combine({
+                "delta": delta, "value": self.probe.value_norm, "grad": grad_norm,
+                "total": grad_total, "changed": changed, "used": st.used, "ratio": ratio,
+                "nonfinite": nonfinite, "carried": carried_grad,
+                "checksum": got["checksum"] if self.checksums else np.zeros(self.n)})
         if st.dropped is not None:
             self.dropped.append((st.index, st.dropped))
             st.release()
@@ -184,7 +195,7 @@ class Observer:
             pending.add("fresh_zero", [st.fresh_zero[k] for k in keys["fresh_zero"]])
             pending.add("grad_l2", [st.total_norms[k] for k in keys["grad_l2"]])
             pending.add("carried", [st.carried[k] for k in keys["carried"]])
-            pending.add("checksum", [checksum(t) for t in self.tensors] if self.checksums else [])
+            pending.add("checksum", [checksum(t) for t in self.local] if self.checksums else [])
             # The loss rides along with the step's one read-back instead of its own sync.
             pending.add("loss", [loss.detach().reshape(()).float()] if keys["scalar_loss"]
                         else [])
@@ -247,8 +258,10 @@ class Observer:
                 reusable[j] = tensors[ks[j]].grad is g and g._version == version
         st.total_is_fresh.append(idx[reusable])
         todo = idx[has_grad & ~reusable].tolist()
-        with torch.no_grad():
-            st.total_norms.update(zip(todo, norms([tensors[k].grad for k in todo])))
+        grads = [tensors[k].grad for k in todo]
+        with torch.no_grad():  # a DTensor's .grad: measured through this rank's shard of it
+            st.total_norms.update(zip(todo, norms(list(map(local, grads)) if self.sharded
+                                                  else grads)))
 
     def group_lrs(self) -> np.ndarray:
         """The lr of each (optimizer, param group) slot, as it is now."""

@@ -77,7 +77,8 @@ class FingerprintProbe:
     def resolve(self, got: dict):
         n = len(self.tensors)
         delta, changed, ratio = np.full(n, np.nan), np.zeros(n, dtype=bool), np.full(n, np.nan)
-        self.exact.resolve_into(got, "small", delta, changed, ratio)
+        self.value_norm = np.full(n, np.nan)  # the norm before the step, where measured
+        self.exact.resolve_into(got, "small", delta, changed, ratio, self.value_norm)
         if not self.estimate:
             delta[:], ratio[:] = np.nan, np.nan
         differs = (got["fp.before"] != got["fp.after"]).reshape(-1, 2).any(axis=1)
@@ -89,6 +90,7 @@ class FingerprintProbe:
             est = got["s.l2"] * np.sqrt(numel / self.sample)
             est = np.where(changed[at], est, 0.0)  # an unchanged fingerprint: exactly no change
             delta[at] = est
+            self.value_norm[at] = got["s.norm"]
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratio[at] = np.where(got["s.norm"] > 0, est / got["s.norm"], np.nan)
         return delta, changed, ratio

@@ -71,6 +71,7 @@ class _RankFiles:
 
 
 def _run(spec: dict, rank: int, files: _RankFiles) -> int:
+    from ..measure.shards import any_sharded
     from .pipeline import observe
     from .target import load_target
 
@@ -87,8 +88,10 @@ def _run(spec: dict, rank: int, files: _RankFiles) -> int:
                                  optimizers=setup.optimizers)
         if rank == 0:
             files.write("checkpoint.json", json.dumps({"load": report.to_dict()}).encode())
-    wrapped_by_us = not isinstance(setup.model, DDP)
-    observed, ddp, drawn = _wrap(setup) if wrapped_by_us else (setup, setup.model, None)
+    # FSDP2 reduces the gradients itself: a DDP around it would reduce them twice.
+    wrapped_by_us = not isinstance(setup.model, DDP) and not any_sharded(setup.model)
+    observed, ddp, drawn = _wrap(setup) if wrapped_by_us else (
+        setup, setup.model if isinstance(setup.model, DDP) else None, None)
     obs = observe(observed, spec["steps"], restore=False, checksums=True,
                   on_progress=files.progress, delta=spec.get("delta", "exact"),
                   every=spec.get("every", 1))

@@ -1,0 +1,147 @@
+"""FSDP2's sharded parameters: what each rank measures, and how the ranks' parts combine.
+
+Under `torch.distributed.fsdp.fully_shard` every parameter is a `DTensor` whose rank-local
+shard (`to_local()`) is all this rank holds. The observer keeps the DTensor itself for identity
+(optimizer membership is `is`, and names are the model's), and measures the local shard: the
+probes snapshot it, gradients are read from `.grad.to_local()`, checksums are of the shard.
+Arithmetic on the DTensor itself would dispatch collectives from inside a measurement.
+
+At the end of each observed step the sharded tensors' measurements are combined over the
+ranks holding the other shards, in one all-reduce per step and mesh (`combine`): squared L2
+norms are summed (the norm of the whole tensor, exactly), `changed`, `used` and the other
+flags are OR-ed ("changed" if any shard changed), and checksums are summed (a sum and a sum
+of squares add up over shards). Every rank's row then holds the whole tensor's values, so
+folding ranks and comparing them (`diagkit.measure.aggregate`) needs nothing new. The README's
+"FSDP2" section lists what is and is not supported.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..core.errors import DiagkitError
+
+try:  # torch.distributed is optional in some builds
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+except ImportError:  # pragma: no cover - every supported build has it
+    DTensor = Replicate = Shard = None
+
+
+def is_sharded(t) -> bool:
+    """Whether `t` is a DTensor (FSDP2, tensor parallelism): measured through its shard."""
+    return DTensor is not None and isinstance(t, DTensor)
+
+
+def local(t: torch.Tensor | None) -> torch.Tensor | None:
+    """This rank's part of `t` (`t` itself unless it is a DTensor): a view of its storage,
+    so the optimizer's in-place updates of the DTensor show in it."""
+    if t is None or not is_sharded(t):
+        return t
+    with torch.no_grad():
+        return t.to_local()
+
+
+def any_sharded(model: torch.nn.Module) -> bool:
+    """Whether the model's parameters are DTensors (FSDP2): no DDP is to be wrapped around it,
+    since FSDP2 reduces the gradients itself."""
+    return any(is_sharded(p) for p in model.parameters())
+
+
+def refuse_flat_parameters(model: torch.nn.Module) -> None:
+    """FSDP1 (`FullyShardedDataParallel`) merges a module's tensors into one flat parameter:
+    the tensors an optimizer holds, and their gradients, are not the model's own, so no
+    verdict about them could be trusted. Said in one line, before anything runs."""
+    for module in model.modules():
+        if type(module).__name__ == "FullyShardedDataParallel":
+            raise DiagkitError(
+                "diagkit does not observe FSDP1 (FullyShardedDataParallel) models: their flat "
+                "parameters merge the model's tensors, so names, gradients and optimizer "
+                "membership are not per tensor. Supported: FSDP2 "
+                "(torch.distributed.fsdp.fully_shard), DDP, or the model unwrapped")
+
+
+def placement(t) -> str:
+    """'' for a plain tensor, else the DTensor's placements: the params table's `placement`."""
+    return ", ".join(map(repr, t.placements)) if is_sharded(t) else ""
+
+
+def reduce_dims(t) -> tuple[int, ...]:
+    """The mesh dimensions over which `t` is split: its measurements are summed over them.
+
+    Replicated dimensions (HSDP's outer one) already hold the whole of it. A `Partial`
+    placement holds addends, not parts: no norm of it combines exactly, so it is refused.
+    """
+    dims = []
+    for d, placement in enumerate(t.placements):
+        if isinstance(placement, Shard):
+            dims.append(d)
+        elif not isinstance(placement, Replicate):
+            raise DiagkitError(f"diagkit cannot observe a DTensor parameter with placement "
+                               f"{placement!r} (only Shard and Replicate): shape "
+                               f"{tuple(t.shape)}")
+    return tuple(dims)
+
+
+# The per-tensor values that are combined, in the order of the all-reduced vector.
+_SUMMED = ("delta", "value", "grad", "total", "checksum")
+_FLAGS = ("changed", "used", "nonfinite", "carried", "has_total")
+
+
+class ShardCombiner:
+    """The sharded tensors among `tensors`, grouped by (mesh, dims to reduce over)."""
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        self.groups: list[tuple[list, np.ndarray, torch.device]] = []
+        by_key: dict[tuple, list[int]] = {}
+        meshes = {}
+        for k, t in enumerate(tensors):
+            if is_sharded(t):
+                dims = reduce_dims(t)
+                if dims:
+                    key = (id(t.device_mesh), dims)
+                    meshes[key] = t.device_mesh
+                    by_key.setdefault(key, []).append(k)
+        for key, ks in by_key.items():
+            mesh = meshes[key]
+            groups = [mesh.get_group(d) for d in key[1]]
+            self.groups.append((groups, np.array(ks, dtype=np.int64),
+                                local(tensors[ks[0]]).device))
+        self.sharded = np.array(sorted(k for _, ks, _ in self.groups for k in ks),
+                                dtype=np.int64)
+
+    def __bool__(self) -> bool:
+        return bool(self.groups)
+
+    def combine(self, v: dict[str, np.ndarray]) -> None:
+        """Replace the sharded rows of the per-tensor arrays in `v` by the whole tensor's.
+
+        `v` holds delta, value (the norm before the step), grad, total, checksum, changed,
+        used, nonfinite, carried (numpy arrays over all tensors), all updated in place; ratio
+        is recomputed from the combined delta and value norms. A norm that is NaN because
+        there was nothing to measure (unused: no gradient; no .grad) adds nothing.
+        """
+        import torch.distributed as dist
+
+        for groups, ks, device in self.groups:
+            used, total = v["used"][ks], v["total"][ks]
+            has_total = ~np.isnan(total)
+            cols = [np.square(v["delta"][ks]), np.square(v["value"][ks]),
+                    np.where(used, np.square(v["grad"][ks]), 0.0),
+                    np.where(has_total, np.square(total), 0.0), v["checksum"][ks],
+                    v["changed"][ks], used, v["nonfinite"][ks], v["carried"][ks], has_total]
+            vec = torch.tensor(np.column_stack(cols).astype(np.float64), device=device)
+            for group in groups:
+                dist.all_reduce(vec, group=group)
+            out = vec.cpu().numpy()
+            summed = dict(zip(_SUMMED, out[:, :len(_SUMMED)].T))
+            flags = {name: col > 0 for name, col in zip(_FLAGS, out[:, len(_SUMMED):].T)}
+            for name in ("changed", "used", "nonfinite", "carried"):
+                v[name][ks] = flags[name]
+            v["delta"][ks] = np.sqrt(summed["delta"])
+            v["value"][ks] = value = np.sqrt(summed["value"])
+            v["grad"][ks] = np.where(flags["used"], np.sqrt(summed["grad"]), np.nan)
+            v["total"][ks] = np.where(flags["has_total"], np.sqrt(summed["total"]), np.nan)
+            v["checksum"][ks] = summed["checksum"]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                v["ratio"][ks] = np.where(value > 0, v["delta"][ks] / value, np.nan)

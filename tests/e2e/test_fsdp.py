@@ -1,0 +1,158 @@
+"""FSDP2 (`fully_shard`, DTensor parameters) under `diagnose`, `--nproc` and `watch`: real
+sharding on gloo, world 1 and 2, with the optimizer-built-before-sharding bug
+(`examples/fsdp2_job.py`). Each rank measures its shards; the combined norms must be those of
+the whole tensors, which the torchrun program measures itself with `full_tensor()`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import diagkit
+from diagkit.run.launcher import diagnose_distributed
+from jobs import finished
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "examples" / "fsdp2_job.py"
+TARGET = f"{JOB}:build"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+NAMES = ["embed.weight", "embed.bias", "blocks.0.0.weight", "blocks.0.0.bias",
+         "blocks.1.0.weight", "blocks.1.0.bias", "norm.weight", "norm.bias", "head.weight",
+         "head.bias"]
+
+
+def python(code: str, cwd) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=ENV, capture_output=True,
+                          text=True, timeout=240)
+    assert finished(done.returncode, done.stdout + done.stderr), done.stderr[-3000:]
+    return done
+
+
+def torchrun(tmp_path, *args) -> Path:
+    """The FSDP2 program under a real torchrun of 2 processes; returns its diag folder."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                           "--max-restarts=0", "--standalone", str(JOB), "--out", "diag",
+                           "--expect", "expect.json", *args], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert finished(done.returncode, done.stdout + done.stderr), done.stderr[-4000:]
+    return tmp_path / "diag"
+
+
+def assert_replaced_parameters(diag) -> None:
+    """The optimizer built before fully_shard: the model's DTensors are orphans whose .grad
+    piles up, the optimizer's tensors are the replaced ones; the fix says to build it after."""
+    v = diag.verdicts()
+    assert {n: v[n] for n in NAMES} == {n: {"orphan", "grad_not_cleared"} for n in NAMES}
+    stale = {n: s for n, s in v.items() if n not in NAMES}
+    assert len(stale) == len(NAMES)
+    assert all(s == {"not_in_model", "unused"} for s in stale.values())
+    orphan = next(f for f in diag.findings if f.code == "orphan")
+    assert "fully_shard" in orphan.message and "after sharding" in orphan.fix
+    assert "fully_shard" in next(f for f in diag.findings if f.code == "not_in_model").fix
+
+
+def test_nproc_clean_sharded_run_is_all_ok():
+    diag = diagnose_distributed(TARGET, nproc=2, steps=3)
+    assert diag.failure is None and diag.meta["world_size"] == 2
+    assert diag.verdicts() == {n: {"ok"} for n in NAMES}
+    assert set(diag.params["placement"]) == {"Shard(dim=0)"}
+    assert diag.params.set_index("name").loc["head.weight", "shape"] == (3, 16)  # the whole
+    assert not diag.meta["wrapped_by_diagkit"]  # no DDP around FSDP2
+    # Every rank's row holds the whole tensor's values: the ranks agree exactly.
+    spread = diag.steps.groupby(["step", "name"])[["grad_norm", "delta_norm", "checksum"]]
+    assert (spread.nunique() == 1).all().all()
+
+
+def test_nproc_optimizer_built_before_fully_shard():
+    assert_replaced_parameters(diagnose_distributed(TARGET, nproc=2, steps=3,
+                                                    target_args={"optimizer_first": True}))
+
+
+def test_check_in_one_process_the_target_starts_its_group_of_one(tmp_path):
+    """World 1 through the CLI: `build` starts a gloo group of one, as FSDP2 needs one."""
+    done = subprocess.run([str(Path(sys.executable).parent / "diagkit"), "check", TARGET,
+                           "--arg", "optimizer_first=true", "--json", "out.json"], cwd=tmp_path,
+                          env=ENV, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 1, done.stderr  # findings of error severity
+    rows = {p["name"]: set(p["verdicts"]) for p in
+            json.loads((tmp_path / "out.json").read_text())["params"]}
+    assert all(rows[n] == {"orphan", "grad_not_cleared"} for n in NAMES)
+
+
+def test_watch_under_torchrun_combines_shards_exactly(tmp_path):
+    """head.bias has 3 elements: rank 0 holds 2 and rank 1 one. The norms in the steps table
+    are the whole tensors' (what the program measured with full_tensor()), on both ranks."""
+    diag = diagkit.load(torchrun(tmp_path))
+    assert diag.verdicts() == {n: {"ok"} for n in NAMES}
+    expect = json.loads((tmp_path / "expect.json").read_text())
+    last = diag.steps[diag.steps["step"] == diag.steps["step"].max()]
+    assert set(last["rank"]) == {0, 1}
+    for _, row in last.iterrows():
+        for col in ("grad_norm", "delta_norm"):
+            assert math.isclose(row[col], expect[col][row["name"]], rel_tol=1e-5), (row, col)
+
+
+def test_watch_under_torchrun_optimizer_built_before_fully_shard(tmp_path):
+    diag = diagkit.load(torchrun(tmp_path, "--optimizer-first"))
+    assert_replaced_parameters(diag)
+    expect = json.loads((tmp_path / "expect.json").read_text())
+    assert all(d == 0.0 for d in expect["delta_norm"].values())  # nothing trained, truly
+
+
+DIAGNOSE = f"""
+import sys, torch, torch.distributed as dist
+sys.path.insert(0, {str(JOB.parent)!r})
+import diagkit
+from fsdp2_job import build
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+setup = build(optimizer_first=OPTIMIZER_FIRST)
+model = setup["model"]
+before = {{n: p.detach().to_local().clone() for n, p in model.named_parameters()}}
+diag = diagkit.diagnose(model, setup["optimizer"], batch_fn=setup["batch_fn"],
+                        loss_fn=setup["loss_fn"], steps=3)
+diag.save("diag")
+restored = all(torch.equal(before[n], p.detach().to_local())
+               for n, p in model.named_parameters())
+print("restored", restored, all(p.grad is None for p in model.parameters()))
+"""
+
+
+@pytest.mark.parametrize("optimizer_first", [False, True])
+def test_diagnose_in_one_process_under_a_group_of_one(tmp_path, optimizer_first):
+    done = python(DIAGNOSE.replace("OPTIMIZER_FIRST", str(optimizer_first)), tmp_path)
+    assert "restored True True" in done.stdout  # the sharded model is given back bitwise
+    diag = diagkit.load(tmp_path / "diag")
+    if optimizer_first:
+        assert_replaced_parameters(diag)
+    else:
+        assert diag.verdicts() == {n: {"ok"} for n in NAMES}
+
+
+FSDP1 = """
+import torch, torch.distributed as dist
+import diagkit
+from torch.distributed.fsdp import FullyShardedDataParallel
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+model = FullyShardedDataParallel(torch.nn.Linear(4, 2), device_id=torch.device("cpu"))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for call in (lambda: diagkit.diagnose(model, opt, batch_fn=lambda: torch.randn(2, 4),
+                                      loss_fn=lambda m, x: m(x).sum()),
+             lambda: diagkit.watch(model, opt)):
+    try:
+        call()
+    except diagkit.DiagkitError as exc:
+        print("refused:", exc)
+"""
+
+
+def test_fsdp1_is_refused_in_one_line(tmp_path):
+    lines = [ln for ln in python(FSDP1, tmp_path).stdout.splitlines()
+             if ln.startswith("refused:")]
+    assert len(lines) == 2
+    assert all("FSDP1 (FullyShardedDataParallel)" in ln and "fully_shard" in ln for ln in lines)
