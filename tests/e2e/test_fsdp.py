@@ -156,3 +156,48 @@ def test_fsdp1_is_refused_in_one_line(tmp_path):
              if ln.startswith("refused:")]
     assert len(lines) == 2
     assert all("FSDP1 (FullyShardedDataParallel)" in ln and "fully_shard" in ln for ln in lines)
+
+
+POLICIES = """
+import torch, torch.distributed as dist
+import diagkit
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+def sharded(**policy):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    fully_shard(m[0], **policy)
+    fully_shard(m, **policy)
+    return m, torch.optim.SGD(m.parameters(), lr=0.1)
+
+
+m, opt = sharded(mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                reduce_dtype=torch.float32))
+diag = diagkit.diagnose(m, opt, batch_fn=lambda: torch.randn(3, 4),
+                        loss_fn=lambda m, x: m(x).float().pow(2).mean(), steps=3)
+print("bf16 compute:", sorted(set().union(*diag.verdicts().values())),
+      sorted(set(diag.params["dtype"])))
+m, opt = sharded()
+
+
+def accumulate(step):  # two micro-batches, the gradients reduced on the last one only
+    opt.zero_grad()
+    for j in range(2):
+        m.set_requires_gradient_sync(j == 1)
+        m(torch.randn(3, 4)).pow(2).mean().backward()
+    opt.step()
+
+
+diag = diagkit.diagnose(m, opt, train_step=accumulate, steps=3)
+print("no-sync accumulation:", sorted(set().union(*diag.verdicts().values())))
+"""
+
+
+def test_fsdp2_mixed_precision_policy_and_unsynced_accumulation_are_clean(tmp_path):
+    """bf16 compute with fp32 sharded parameters (FSDP2's MixedPrecisionPolicy), and
+    micro-batches whose gradients FSDP2 reduces on the last one only: nothing false."""
+    out = python(POLICIES, tmp_path).stdout
+    assert "bf16 compute: ['ok'] ['torch.float32']" in out
+    assert "no-sync accumulation: ['ok']" in out
