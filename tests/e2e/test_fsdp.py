@@ -64,6 +64,8 @@ def test_nproc_clean_sharded_run_is_all_ok():
     assert set(diag.params["placement"]) == {"Shard(dim=0)"}
     assert diag.params.set_index("name").loc["head.weight", "shape"] == (3, 16)  # the whole
     assert not diag.meta["wrapped_by_diagkit"]  # no DDP around FSDP2
+    assert "FSDP2 (fully_shard), which has no find_unused_parameters" in \
+        diag.advice["find_unused_parameters"]["recommendation"]
     # Every rank's row holds the whole tensor's values: the ranks agree exactly.
     spread = diag.steps.groupby(["step", "name"])[["grad_norm", "delta_norm", "checksum"]]
     assert (spread.nunique() == 1).all().all()

@@ -25,6 +25,10 @@ def build_advice(params: pd.DataFrame, steps: pd.DataFrame, ddp: dict | None = N
     n_steps = int(s["step"].nunique()) if len(s) else 0
     missed = unused_tensors(params)
     fup = _find_unused(missed, n_steps, steps_word)
+    if _fully_sharded(params):
+        fup["recommendation"] = ("the model is sharded by FSDP2 (fully_shard), which has no "
+                                 "find_unused_parameters: it reduces the gradients that exist. "
+                                 "Under DDP: " + fup["recommendation"])
     if ddp is not None:
         fup["ddp"] = ddp
     if cost:
@@ -38,6 +42,13 @@ def build_advice(params: pd.DataFrame, steps: pd.DataFrame, ddp: dict | None = N
     return {"find_unused_parameters": fup,
             "static_graph": {"value": static, "evidence": static_evidence},
             "steps": n_steps}
+
+
+def _fully_sharded(params: pd.DataFrame) -> bool:
+    """Whether every tensor of the model is a DTensor shard (FSDP2): DDP's flag does not apply."""
+    in_model = params[params["in_model"].astype(bool)]
+    return ("placement" in params and len(in_model) > 0
+            and bool((in_model["placement"].fillna("") != "").all()))
 
 
 def _find_unused(missed: dict, n_steps: int, steps_word: str) -> dict:
