@@ -101,3 +101,39 @@ def test_the_70b_llama_lora_dry_run(tmp_path):
     frozen = [p for p in payload["params"] if "frozen_in_optimizer" in p["verdicts"]]
     assert len(orphans) == 320 and all(".lora_" in p["name"] for p in orphans)
     assert sum(p["bytes"] for p in frozen) > 250 * 2**30
+
+
+def test_the_report_says_what_was_not_measured(tmp_path):
+    """`diagkit report --meta`: the notebook's `meta` parameter, the banner's line, the JSON."""
+    run = subprocess.run([str(DIAGKIT), "report", TARGET, "--meta", "--arg", "size=tiny",
+                          "--out", str(tmp_path / "r")], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 1, run.stderr
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert "Dry run on the meta device" in page and "stalled (needs values)" in page
+    found = json.loads((tmp_path / "r" / "findings.json").read_text())
+    assert found["meta"]["device"] == "meta" and "zero_gradient" in found["meta"]["not_measured"]
+    assert {f["code"] for f in found["findings"]} >= {"orphan", "frozen_in_optimizer"}
+
+
+SLOW = textwrap.dedent('''
+    import time, torch
+
+    def build():
+        model = torch.nn.Linear(3, 3)
+
+        def loss_fn(m, b):
+            time.sleep(60)
+            return m(b).sum()
+        return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+                "batch_fn": lambda: torch.ones(2, 3), "loss_fn": loss_fn}
+''')
+
+
+def test_timeout_bounds_the_meta_pass(tmp_path):
+    (tmp_path / "slow.py").write_text(SLOW)
+    run = check(f"{tmp_path / 'slow.py'}:build", "--meta", "--timeout", "3", timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines()[-1] == (
+        "diagkit: error: timed out after 3 s (--timeout) in step 0, in its meta pass; the 0 "
+        "steps completed before it are kept")

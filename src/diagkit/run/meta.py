@@ -66,6 +66,7 @@ def observe_meta(setup: Setup):
     finally:
         deadline.finish()
     meta = {"steps_requested": 1, "device": "meta",
+            **({"timed_out": True} if deadline.is_timeout(failure) else {}),
             "loop": "train_step" if setup.train_step is not None else "standard",
             "losses": [], "seconds": round(time.perf_counter() - started, 4),
             "torch": torch.__version__, "restored": True, "delta": "off", "every": 1,
@@ -94,7 +95,8 @@ def _run_pass(setup: Setup, seen: MetaPass) -> tuple[StepFailure | None, str]:
         return None, "all"
     except (Exception, SystemExit, deadline.TimedOut) as exc:
         text = _failure_text(exc)
-        return StepFailure(step=0, error=f"{text} {_VALUE_HINT}" if "meta" in text else text,
+        hint = "meta" in str(exc) and not isinstance(exc, deadline.TimedOut)
+        return StepFailure(step=0, error=f"{text} {_VALUE_HINT}" if hint else text,
                            traceback=traceback.format_exc()), ""
 
 
