@@ -229,17 +229,20 @@ BIG = textwrap.dedent('''
                     loss_fn=lambda m, b: m(b).sum(), device="meta")
     assert diag.failure is None, diag.failure
     print(params, int(diag.params["bytes"].sum()), before, rss_mib())
+    print(sorted({"transformers", "peft"} & set(sys.modules)) or "none")
 ''')
 
 
 def test_a_2b_parameter_model_costs_no_parameter_memory():
     """8.6 GB of float32 parameters (more than this machine can spare): the peak RSS of the
-    process grows by under 100 MiB through the whole dry run."""
+    process grows by under 100 MiB through the whole dry run; transformers and peft are never
+    imported."""
     out = subprocess.run([sys.executable, "-c", BIG], capture_output=True, text=True,
                          timeout=300, check=True).stdout.split()
     params, size, before, after = int(out[0]), int(out[1]), float(out[2]), float(out[3])
     assert params > 2.1e9 and size == params * 4
     assert after - before < 100, (before, after)
+    assert out[4] == "none"  # the core (and its meta path) never imports the optional extras
 
 
 def test_the_notebook_runs_a_target_on_meta():
