@@ -21,6 +21,7 @@ DEFAULTS = {
     "nproc": 1,        # processes of a torch.distributed job
     "timeout": 120,    # seconds before a run is ended (any nproc); watch: for the ranks
     "fail_on": "error",
+    "meta": False,     # a dry run of the wiring on the meta device (one pass, no values)
 }
 
 HELP = {
@@ -33,6 +34,9 @@ HELP = {
     "nproc": "processes of a torch.distributed job (1: this process)",
     "timeout": "end a run (building the target and its steps) after this many seconds, and "
                "name the step and phase it was in (with --nproc: the stuck rank)",
+    "meta": "build the target on the meta device and run one forward and backward: the "
+            "wiring verdicts with no parameter memory; verdicts that need values are reported "
+            "as not measured",
 }
 
 
@@ -73,6 +77,33 @@ def check_option(name: str, value, label: str | None = None,
                  error: type[Exception] = DiagkitError):
     """`value` of option `name` if it passes the option's check (see `CHECKS`)."""
     return CHECKS[name](value, label or name, error=error)
+
+
+def meta_device(device, label: str = "device", error: type[Exception] = DiagkitError) -> bool:
+    """True for `device="meta"` (a dry run of the wiring), False for None (a real run). Any
+    other device is refused: a real run uses the model where it already is."""
+    if device is None:
+        return False
+    if str(device) == "meta":
+        return True
+    raise error(f"{label} must be None (run on the model's own device) or 'meta' (a dry run of "
+                f"the wiring), got {device!r}")
+
+
+def check_meta_options(meta: bool, *, nproc=DEFAULTS["nproc"], checkpoint=None,
+                       label=str) -> None:
+    """What a meta dry run cannot combine with, refused in one line before any work: it runs
+    in this process (no ranks), and a meta tensor holds no values to load a checkpoint into."""
+    if not isinstance(meta, bool):
+        raise DiagkitError(f"{label('meta')} must be True or False, got {meta!r}")
+    if not meta:
+        return
+    if nproc != 1:
+        raise DiagkitError(f"{label('meta')} is a dry run in this process: it cannot be "
+                           f"combined with {label('nproc')} {nproc}")
+    if checkpoint:
+        raise DiagkitError(f"{label('meta')}: a meta tensor holds no values, so no checkpoint "
+                           f"can be loaded into it ({label('checkpoint')} {checkpoint})")
 
 
 def check_run_options(*, steps=None, delta=DEFAULTS["delta"], every=DEFAULTS["every"],

@@ -11,6 +11,11 @@ For `--nproc 2` (real DDP; each also runs in one process), see `diagkit.demos.ra
     diagkit check diagkit.demos:ddp_strict --nproc 2   # unused head, find_unused_parameters=False
     diagkit check diagkit.demos:hang --nproc 2         # rank 1 hangs (launcher timeout)
     diagkit check diagkit.demos:crash --nproc 2        # rank 1 raises
+
+A 70B LLaMA with LoRA, for the dry run on meta (needs transformers and peft, so it is not
+imported here):
+
+    diagkit check diagkit.demos.llama_lora:llama_lora --meta  # optimizer built before the wrap
 """
 
 from .finetune import finetune_heads

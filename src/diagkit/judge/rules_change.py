@@ -26,7 +26,8 @@ def _explain_frozen_in_optimizer(label, group, steps):
 
 @verdict("frozen_but_changing", "error",
          ('Its value changed on a step on which it did not require grad — e.g. Adam '
-          'momentum after a mid-run freeze with `zero_grad(set_to_none=False)`.'))
+          'momentum after a mid-run freeze with `zero_grad(set_to_none=False)`.'),
+         needs="values")
 def frozen_but_changing(params, steps):
     mask = steps["changed"].astype(bool) & ~steps["requires_grad"].astype(bool)
     return per_tensor(params, steps, mask) > 0
@@ -44,7 +45,8 @@ def _explain_frozen_but_changing(label, group, steps):
 
 @verdict("stalled", "error",
          ('It requires grad, an optimizer holds it, it gets gradients — and its value never'
-          ' changes (a learning rate of 0, an optimizer that never steps).'))
+          ' changes (a learning rate of 0, an optimizer that never steps).'),
+         needs="values")
 def stalled(params, steps):
     used = per_tensor(params, steps, steps["used"].astype(bool))
     changed = per_tensor(params, steps, steps["changed"].astype(bool))
@@ -67,7 +69,8 @@ def _explain_stalled(label, group, steps):
 
 
 @verdict("zero_gradient", "warning",
-         ('It gets gradients, every one exactly zero: it cannot influence the loss.'))
+         ('It gets gradients, every one exactly zero: it cannot influence the loss.'),
+         needs="values")
 def zero_gradient(params, steps):
     used = steps["used"].astype(bool)
     nonzero = used & ~(steps["grad_norm"] == 0)
@@ -85,7 +88,8 @@ def _explain_zero_gradient(label, group, steps):
 
 
 @verdict("nonfinite_grad", "error",
-         ('A gradient held NaN or Inf.'))
+         ('A gradient held NaN or Inf.'),
+         needs="values")
 def nonfinite_grad(params, steps):
     return per_tensor(params, steps, steps["nonfinite"].astype(bool)) > 0
 

@@ -41,7 +41,8 @@ def _names_where(params: pd.DataFrame, steps: pd.DataFrame, column: str) -> pd.S
 @verdict("rank_divergent", "error",
          ("(distributed) Its value differs between ranks after a step: DDP does not average "
           "its gradient (a tensor outside the model, or made trainable after DDP was built)."),
-         per_rank=True)
+         per_rank=True,
+         needs="values")
 def rank_divergent(params, steps):
     return _names_where(params, steps, "diverged")
 
@@ -100,7 +101,8 @@ def _required_grad(group: pd.DataFrame, steps: pd.DataFrame) -> bool:
 
 
 @verdict("rank_dependent_use", "warning",
-         "(distributed) Used on some ranks and not on others in the same step.", per_rank=True)
+         "(distributed) Used on some ranks and not on others in the same step.", per_rank=True,
+         needs="ranks")
 def rank_dependent_use(params, steps):
     return _names_where(params, steps, "mixed")
 

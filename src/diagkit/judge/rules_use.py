@@ -89,7 +89,8 @@ def _explain_unused(label, group, steps):
 
 @verdict("intermittent", "info",
          ('It gets gradients on some steps but not others (a data-dependent branch). DDP '
-          'needs `find_unused_parameters=True`; `static_graph` is not possible.'))
+          'needs `find_unused_parameters=True`; `static_graph` is not possible.'),
+         needs="steps")
 def intermittent(params, steps):
     rg, used = rg_used_counts(params, steps)
     return (used > 0) & (used < rg)
@@ -109,7 +110,8 @@ def _explain_intermittent(label, group, steps):
 
 @verdict("grad_not_cleared", "warning",
          ("A step's gradient landed on a non-zero `.grad` left by an earlier step: nothing "
-          'zeroes it, so gradients silently accumulate across steps.'))
+          'zeroes it, so gradients silently accumulate across steps.'),
+         needs="values")
 def grad_not_cleared(params, steps):
     return per_tensor(params, steps, steps["carried_grad"].astype(bool)) > 0
 

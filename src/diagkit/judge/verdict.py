@@ -20,13 +20,21 @@ Rule = Callable[[pd.DataFrame, pd.DataFrame], pd.Series]
 Explain = Callable[[str, pd.DataFrame, pd.DataFrame], tuple[str, str]]
 
 REGISTRY: dict[str, "Verdict"] = {}
+# What a rule may need beyond the wiring, and how a meta dry run words its absence.
+NEEDS = {None: "", "values": "needs values", "steps": "needs more than one step",
+         "ranks": "needs a distributed run"}
 
 
 @dataclasses.dataclass
 class Verdict:
     """A verdict of the fixed vocabulary. `rule(params, steps)` returns a boolean Series
     aligned with `params`; `per_rank` rules see every rank's rows, the others one row per
-    (step, tensor)."""
+    (step, tensor).
+
+    `needs`: what the rule reads beyond the wiring ("values": a change, a gradient's norm or
+    finiteness; "steps": more than one step; "ranks": a distributed run), or None when the
+    wiring alone decides it. A dry run on the meta device (one pass, no values) runs only the
+    rules that need nothing, and reports the others as not measured on meta."""
 
     name: str
     severity: str
@@ -34,10 +42,18 @@ class Verdict:
     rule: Rule
     per_rank: bool = False
     explain: Explain | None = None
+    needs: str | None = None
 
     def __post_init__(self):
         if self.severity not in _severity.LEVELS:
             raise ValueError(f"verdict {self.name!r}: unknown severity {self.severity!r}")
+        if self.needs not in NEEDS:
+            raise ValueError(f"verdict {self.name!r}: unknown needs {self.needs!r}")
+
+    @property
+    def on_meta(self) -> bool:
+        """Whether a dry run on the meta device can decide it (it needs only the wiring)."""
+        return self.needs is None
 
     def __call__(self, params: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
         return self.rule(params, steps)
@@ -48,10 +64,11 @@ class Verdict:
         return explain
 
 
-def verdict(name: str, severity: str, meaning: str, per_rank: bool = False):
+def verdict(name: str, severity: str, meaning: str, per_rank: bool = False,
+            needs: str | None = None):
     """Decorator: register `rule` as the verdict `name`; returns the `Verdict` (callable)."""
     def register(rule: Rule) -> Verdict:
-        REGISTRY[name] = v = Verdict(name, severity, meaning, rule, per_rank)
+        REGISTRY[name] = v = Verdict(name, severity, meaning, rule, per_rank, needs=needs)
         return v
     return register
 

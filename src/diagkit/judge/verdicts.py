@@ -12,7 +12,7 @@ import pandas as pd
 from ..core import severity
 from ..measure.aggregate import fold_ranks
 from . import rules_use, rules_change, rules_groups, rules_ranks  # noqa: F401  (registration)
-from .verdict import REGISTRY, Verdict
+from .verdict import NEEDS, REGISTRY, Verdict
 
 VERDICTS: dict[str, Verdict] = REGISTRY
 
@@ -31,12 +31,36 @@ def worst_verdict_severity(verdicts) -> str:
     return severity.worst(severity_of(v) for v in verdicts if v != "ok") or "ok"
 
 
-def judge(params: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.Series, list[tuple[str, str]]]:
-    """Every verdict for every tensor, plus (verdict, error) for rules that crashed."""
+def bytes_per_verdict(params: pd.DataFrame) -> dict[str, tuple[int, int]]:
+    """verdict -> (tensors, bytes) over `params`' verdicts, worst severity first, then the most
+    bytes: what the report's banner and `check`'s text lead with."""
+    sizes = pd.to_numeric(params["bytes"], errors="coerce").fillna(0).astype(np.int64)
+    counts: dict[str, list[int]] = {}
+    for vs, size in zip(params["verdicts"], sizes):
+        for v in vs:
+            c = counts.setdefault(v, [0, 0])
+            c[0] += 1
+            c[1] += int(size)
+    order = sorted(counts, key=lambda v: (-severity.rank(severity_of(v)), -counts[v][1], v))
+    return {v: (counts[v][0], counts[v][1]) for v in order}
+
+
+def not_measured_on_meta() -> dict[str, str]:
+    """The verdicts a dry run on the meta device cannot decide, each with why (its rule's
+    `needs`, declared next to the rule): reported as not measured, never guessed."""
+    return {name: NEEDS[v.needs] for name, v in VERDICTS.items() if not v.on_meta}
+
+
+def judge(params: pd.DataFrame, steps: pd.DataFrame, *, meta: bool = False
+          ) -> tuple[pd.Series, list[tuple[str, str]]]:
+    """Every verdict for every tensor, plus (verdict, error) for rules that crashed. `meta`:
+    a dry run on the meta device, where only the rules that need no values run."""
     hits: dict[str, pd.Series] = {}
     errors: list[tuple[str, str]] = []
     per_step = fold_ranks(steps)
     for name, v in VERDICTS.items():
+        if meta and not v.on_meta:
+            continue
         try:
             result = v.rule(params, steps if v.per_rank else per_step)
             hits[name] = pd.Series(result, index=params.index).fillna(False).astype(bool)

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..core import severity
 from ..core.format import human_bytes
-from ..judge.verdicts import severity_of
+from ..judge.verdicts import bytes_per_verdict, severity_of
 
 _LEFT = "text-align:left;vertical-align:top"
 
@@ -35,17 +35,10 @@ def verdict_banner(diag) -> str:
     esc = html.escape
     params = diag.params
     sizes = pd.to_numeric(params["bytes"], errors="coerce").fillna(0).astype(np.int64)
-    counts: dict[str, list[int]] = {}
-    for vs, size in zip(params["verdicts"], sizes):
-        for v in vs:
-            c = counts.setdefault(v, [0, 0])
-            c[0] += 1
-            c[1] += int(size)
-    order = sorted(counts, key=lambda v: (-severity.rank(severity_of(v)), -counts[v][1], v))
     chips = "".join(
         severity_chip(severity_of(v),
                       f"<b>{esc(v)}</b> {n} tensor{'s' if n != 1 else ''}, {human_bytes(b)}")
-        for v in order for n, b in [counts[v]])
+        for v, (n, b) in bytes_per_verdict(params).items())
     steps = (diag.meta or {}).get("steps_observed")
     if steps is None:
         steps = int(diag.steps["step"].nunique()) if len(diag.steps) else 0
@@ -64,7 +57,25 @@ def verdict_banner(diag) -> str:
         f'<p class="diagkit-failure error" style="margin:4px 0;padding:4px 8px;'
         f'background:{red[0]};color:{red[1]};font-weight:bold">{line}</p>' for line in lines)
     return (f'<div class="diagkit-banner banner"><div>{chips}</div>'
-            f'<p style="margin:4px 0">{total}</p>{alarms}</div>')
+            f'<p style="margin:4px 0">{total}</p>{_not_measured_html(diag)}{alarms}</div>')
+
+
+def _not_measured_html(diag) -> str:
+    """On a dry run on meta: which verdicts were not measured, and why (no values)."""
+    line = not_measured_line(diag)
+    return (f'<p class="diagkit-not-measured" style="margin:4px 0;font-style:italic">'
+            f'{html.escape(line)}</p>') if line else ""
+
+
+def not_measured_line(diag) -> str:
+    """'Dry run on meta: ... not measured on meta: stalled (needs values), ...' ('' for a
+    real run): the one wording of it, for the terminal and the report."""
+    skipped = (diag.meta or {}).get("not_measured")
+    if not skipped:
+        return ""
+    parts = ", ".join(f"{v} ({why})" for v, why in skipped.items())
+    return ("Dry run on the meta device: one forward and backward, no values. Wiring verdicts "
+            f"are measured; not measured on meta: {parts}.")
 
 
 _BACKTICKS = re.compile(r"`([^`]+)`")

@@ -7,6 +7,8 @@ from collections import Counter
 
 from ..core import severity
 from ..core.format import human_bytes
+from ..judge.verdicts import bytes_per_verdict
+from .sections import not_measured_line
 
 
 def _severity_summary(findings) -> str:
@@ -16,13 +18,26 @@ def _severity_summary(findings) -> str:
                      for s in severity.LEVELS if counts[s])
 
 
+def _observed(diag) -> str:
+    """'5 steps observed', or on meta 'one meta pass (no values)'."""
+    if (diag.meta or {}).get("device") == "meta":
+        return "one meta pass (no values)" if diag.meta.get("steps_observed") else "no meta pass"
+    return f"{diag.meta.get('steps_observed', 0)} steps observed"
+
+
 def render_findings(diag, width: int = 100) -> str:
     """The findings table of a diagnosis, each finding's message and fix, the advice."""
     params = diag.params
     summary = _severity_summary(diag.findings)
     lines = [f"diagkit: {len(params)} tensors ({human_bytes(int(params['bytes'].sum()))}), "
-             f"{diag.meta.get('steps_observed', 0)} steps observed — "
+             f"{_observed(diag)} — "
              f"{summary or 'no findings: every tensor is ok'}"]
+    meta_line = not_measured_line(diag)
+    if meta_line:
+        lines += textwrap.wrap(meta_line, width, subsequent_indent="  ")
+        lines += ["by verdict: " + "; ".join(
+            f"{v} {n} tensor{'s' if n != 1 else ''} {human_bytes(b)}"
+            for v, (n, b) in bytes_per_verdict(params).items())]
     if diag.findings:
         lines.append("")
         lines.append(f"{'SEVERITY':<8}  {'VERDICT':<22}  {'WHERE':<44}  {'TENSORS':>7}  BYTES")

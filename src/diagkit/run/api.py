@@ -4,7 +4,7 @@ the notebook run: a target spec, maybe a checkpoint first, maybe under torch.dis
 from __future__ import annotations
 
 from ..core.errors import DiagkitError
-from ..core.options import DEFAULTS, check_run_options
+from ..core.options import DEFAULTS, check_meta_options, check_run_options, meta_device
 from ..core.result import Diagnosis
 from ..measure.checkpoint_load import load_checkpoint
 from .pipeline import judge_observation, observe
@@ -14,7 +14,8 @@ from .target import Setup, load_target
 def diagnose(model, optimizer=None, *, batch_fn=None, loss_fn=None, train_step=None,
              steps: int | None = None, zero_grad_set_to_none: bool | None = None,
              lr_scheduler=None, restore: bool = True, delta: str = DEFAULTS["delta"],
-             every: int = DEFAULTS["every"], sample: int = DEFAULTS["sample"]) -> Diagnosis:
+             every: int = DEFAULTS["every"], sample: int = DEFAULTS["sample"],
+             device=None) -> Diagnosis:
     """Run `steps` real training steps under observation and judge every tensor.
 
     `model` may also be a `Setup` (from `load_target`), which then supplies everything else.
@@ -22,9 +23,16 @@ def diagnose(model, optimizer=None, *, batch_fn=None, loss_fn=None, train_step=N
     `delta`: how each step's change is measured ("exact", or "sampled" / "off" for models that
     do not fit twice in memory; see the README's "Cost of observation"); all three give the
     same verdicts. `every`: observe only steps 0, every, 2*every, ... of a long run.
+    `device="meta"`: a dry run of the wiring of a model built on the meta device (one forward
+    and backward, no parameter memory; see the README's "Dry run on meta"). A model that is
+    not on meta is refused in one line, never moved (that would discard its weights).
     """
+    on_meta = meta_device(device)
     setup = _as_setup(model, optimizer, batch_fn, loss_fn, train_step, zero_grad_set_to_none,
                       lr_scheduler)
+    if on_meta:
+        from .meta import observe_meta
+        return judge_observation(observe_meta(setup))
     return judge_observation(observe(setup, steps, restore=restore, delta=delta, every=every,
                                      sample=sample))
 
@@ -32,10 +40,15 @@ def diagnose(model, optimizer=None, *, batch_fn=None, loss_fn=None, train_step=N
 def run_target(target: str, target_args: dict | None = None, *, steps: int | None = None,
                checkpoint: str | None = None, trust_checkpoint: bool = False,
                nproc: int = DEFAULTS["nproc"], timeout: float = DEFAULTS["timeout"],
-               delta: str = DEFAULTS["delta"], every: int = DEFAULTS["every"]) -> Diagnosis:
+               delta: str = DEFAULTS["delta"], every: int = DEFAULTS["every"],
+               meta: bool = DEFAULTS["meta"]) -> Diagnosis:
     """A target, optionally a checkpoint loaded into it first, in this process or (nproc > 1)
-    under torch.distributed."""
+    under torch.distributed. `meta`: built on the meta device, one pass (`run.meta`)."""
     check_run_options(steps=steps, delta=delta, every=every)
+    check_meta_options(meta, nproc=nproc, checkpoint=checkpoint)
+    if meta:
+        from .meta import load_on_meta, observe_meta
+        return judge_observation(observe_meta(load_on_meta(target, **(target_args or {}))))
     if nproc > 1:
         from .launcher import diagnose_distributed
         return diagnose_distributed(target, target_args, nproc=nproc, steps=steps,

@@ -13,7 +13,7 @@ from ..core import severity
 from ..core.errors import DiagkitError
 from ..core.files import check_output
 from ..core.format import one_line
-from ..core.options import DEFAULTS, DELTA_MODES, HELP, check_option
+from ..core.options import DEFAULTS, DELTA_MODES, HELP, check_meta_options, check_option
 from . import signals
 from .cli_run import bounded as _bounded
 from .cli_run import parse_target_args as _parse_target_args
@@ -23,7 +23,7 @@ EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 # What only running a target uses (dest -> flag): refused with `report --from DIR`.
 _RUN_ONLY = {"arg": "--arg", "steps": "--steps", "delta": "--delta", "every": "--every",
              "checkpoint": "--checkpoint", "trust_checkpoint": "--trust-checkpoint",
-             "nproc": "--nproc", "timeout": "--timeout"}
+             "nproc": "--nproc", "timeout": "--timeout", "meta": "--meta"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -98,6 +98,7 @@ def _target_options(p: argparse.ArgumentParser, target_nargs=None) -> None:
     p.add_argument("--timeout", type=_option("timeout"), metavar="SECONDS",
                    help=f"{HELP['timeout']} (default: none in one process, "
                         f"{DEFAULTS['timeout']} s with --nproc)")
+    p.add_argument("--meta", action="store_true", default=DEFAULTS["meta"], help=HELP["meta"])
     p.add_argument("--fail-on", choices=severity.FAIL_ON, default=DEFAULTS["fail_on"],
                    help="exit 1 when a finding is at or above this severity (default: error)")
 
@@ -162,6 +163,7 @@ def _diagnose_target(args):
     for option in ("json", "save"):
         check_output(getattr(args, option, None), f"--{option}")
     kwargs = _parse_target_args(args.arg)
+    check_meta_options(args.meta, nproc=args.nproc, checkpoint=args.checkpoint, label=_flag)
     _precheck_target(args.target, kwargs, args.checkpoint)
     from .api import run_target
     from .pipeline import judge_observation
@@ -169,7 +171,11 @@ def _diagnose_target(args):
         return run_target(args.target, kwargs, steps=args.steps, checkpoint=args.checkpoint,
                           trust_checkpoint=args.trust_checkpoint, nproc=args.nproc,
                           timeout=args.timeout or DEFAULTS["timeout"], delta=args.delta,
-                          every=args.every)
+                          every=args.every, meta=args.meta)
+
+
+def _flag(name: str) -> str:
+    return f"--{name}"
 
 
 def _check(args) -> int:
@@ -202,12 +208,14 @@ def _report(args) -> int:
                            "diagnosis")
     check_output(args.out, "--out")
     kwargs = _parse_target_args(args.arg or [])
+    check_meta_options(bool(args.meta), nproc=args.nproc or DEFAULTS["nproc"],
+                       checkpoint=args.checkpoint, label=_flag)
     _precheck_target(args.target, kwargs, args.checkpoint)
     params = {"target": args.target, "target_args": kwargs, "checkpoint": args.checkpoint or "",
               "trust_checkpoint": bool(args.trust_checkpoint)}
     # only what was given: the rest keep the notebook's defaults (no --steps: the target's)
     params.update({name: getattr(args, name) for name in ("steps", "nproc", "timeout", "delta",
-                                                          "every") if getattr(args, name)
+                                                          "every", "meta") if getattr(args, name)
                    is not None})
     from .report import write_report
     with _bounded(args):

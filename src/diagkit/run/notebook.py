@@ -52,7 +52,8 @@ def run(settings: dict):
                           checkpoint=settings["checkpoint"] or None,
                           trust_checkpoint=settings["trust_checkpoint"],
                           nproc=settings["nproc"], timeout=settings["timeout"],
-                          delta=settings["delta"], every=settings["every"])
+                          delta=settings["delta"], every=settings["every"],
+                          meta=settings.get("meta", False))
     return diag, printed.getvalue()
 
 

@@ -17,7 +17,7 @@ from ..core.result import Diagnosis, LoadReport, StepFailure
 from ..judge.advice import build_advice
 from ..judge.checkpoint_audit import audit, audit_finding, load_findings
 from ..judge.findings import build_findings
-from ..judge.verdicts import judge
+from ..judge.verdicts import judge, not_measured_on_meta
 from ..measure.aggregate import build_params
 from ..measure.inventory import take_inventory
 from ..measure.observer import Observer
@@ -100,6 +100,17 @@ def _keep_for_timeout(inventory, observer: Observer, n_steps: int) -> None:
             {"steps_requested": n_steps, "timed_out": True, "torch": torch.__version__})
 
 
+# The params columns a meta pass cannot measure: counts of value facts (no values to count).
+_VALUE_COUNTS = ("changed_steps", "carried_steps", "nonfinite_steps")
+
+
+def _values_not_measured(params):
+    """On meta, the counts of value facts are <NA> (not measured), never a guessed 0; the
+    norms are NaN already."""
+    return params.assign(**{c: pd.array([pd.NA] * len(params), dtype="Int64")
+                            for c in _VALUE_COUNTS})
+
+
 def judge_observation(obs: Observation, *, checkpoint: LoadReport | None = None,
                       ddp: dict | None = None, cost: dict | None = None) -> Diagnosis:
     """Judge what was observed (by one process, or gathered from every rank) into the result.
@@ -107,8 +118,11 @@ def judge_observation(obs: Observation, *, checkpoint: LoadReport | None = None,
     `checkpoint`: what loading a checkpoint first did (its findings and dead bytes join the
     result); `ddp`, `cost`: what a distributed run learnt about DDP (see `build_advice`).
     """
+    on_meta = obs.meta.get("device") == "meta"
     params = build_params(obs.rows, obs.steps)
-    params["verdicts"], check_errors = judge(params, obs.steps)
+    params["verdicts"], check_errors = judge(params, obs.steps, meta=on_meta)
+    if on_meta:
+        params = _values_not_measured(params)
     report, extra = None, []
     if checkpoint is not None:
         result = audit(params, checkpoint)
@@ -120,4 +134,6 @@ def judge_observation(obs: Observation, *, checkpoint: LoadReport | None = None,
         params=params, steps=obs.steps,
         findings=build_findings(params, obs.steps, check_errors, obs.failure, extra),
         advice=build_advice(params, obs.steps, ddp=ddp, cost=cost), failure=obs.failure,
-        meta={**obs.meta, "steps_observed": observed}, checkpoint=report)
+        meta={**obs.meta, "steps_observed": observed,
+              **({"not_measured": not_measured_on_meta()} if on_meta else {})},
+        checkpoint=report)
