@@ -104,15 +104,21 @@ def find_state_dict(obj, path="checkpoint") -> dict[str, torch.Tensor]:
                        "not a checkpoint diagkit can read")
 
 
-def find_optimizer_state(obj) -> dict | None:
-    """An optimizer state dict stored beside the weights, if the file has one."""
+def optimizer_key(obj):
+    """The key an optimizer state dict is stored under beside the weights, or None."""
     if not isinstance(obj, Mapping):
         return None
     for key in _OPTIMIZER_KEYS:
         value = obj.get(key)
         if isinstance(value, Mapping) and "state" in value and "param_groups" in value:
-            return dict(value)
+            return key
     return None
+
+
+def find_optimizer_state(obj) -> dict | None:
+    """An optimizer state dict stored beside the weights, if the file has one."""
+    key = optimizer_key(obj)
+    return None if key is None else dict(obj[key])
 
 
 def align_prefix(state: dict, wanted: set) -> dict:

@@ -40,5 +40,6 @@ def precheck_target(spec: str, kwargs: dict, checkpoint: str | None) -> None:
     """Fail in one line before a kernel starts: the target must import and accept its args."""
     from .target import check_kwargs, resolve_target
     check_kwargs(resolve_target(spec), spec, kwargs)
-    if checkpoint and not Path(checkpoint).is_file():
-        raise DiagkitError(f"no such checkpoint file: {checkpoint}")
+    if checkpoint:
+        from ..measure.checkpoint_kind import locate
+        locate(checkpoint)  # a missing path, or a folder that is no checkpoint: one line
