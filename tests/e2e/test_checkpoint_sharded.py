@@ -232,17 +232,19 @@ def test_compare_accepts_every_form_on_either_side(tmp_path):
 
 
 # ------------------------------------------------------------------ streaming
-def _count_live(monkeypatch, module, name):
-    """Wraps the project's own reading function `module.name`: records, at each call, how many
-    pieces it returned earlier still have a tensor alive."""
-    real = getattr(module, name)
-    live, seen = {}, []
+def _count_live(monkeypatch, owner, name):
+    """Wraps the project's own reading function `owner.name` (a module's function or a
+    class's method): records, at each call, how many pieces it returned earlier still have a
+    tensor alive, and the bytes of each piece it returns."""
+    real = getattr(owner, name)
+    live, seen, sizes = {}, [], []
 
     def wrapper(*args, **kwargs):
         seen.append(sum(1 for n in live.values() if n > 0))
         piece = real(*args, **kwargs)
         call = len(seen)
         live[call] = len(piece)
+        sizes.append(sum(t.numel() * t.element_size() for t in piece.values()))
 
         def gone(call=call):
             live[call] -= 1
@@ -250,14 +252,14 @@ def _count_live(monkeypatch, module, name):
             weakref.finalize(tensor, gone)
         return piece
 
-    monkeypatch.setattr(module, name, wrapper)
-    return seen
+    monkeypatch.setattr(owner, name, wrapper)
+    return seen, sizes
 
 
 def test_shards_load_one_at_a_time(tmp_path, monkeypatch):
     state = pretrain()
     save_hf_shards(state, tmp_path / "hf", per_shard=3)  # 7 shards
-    held = _count_live(monkeypatch, checkpoint_shards, "read_shard")
+    held, _ = _count_live(monkeypatch, checkpoint_shards, "read_shard")
     from diagkit.demos.finetune import FinetuneModel
     model = FinetuneModel()
     report = load_checkpoint(model, tmp_path / "hf")
@@ -287,24 +289,16 @@ def test_compare_keeps_one_shard_open(tmp_path, monkeypatch):
     assert cmp.summary["unchanged"] == 19 and most[0] == 1 and open_now[0] == 0
 
 
-def test_dcp_loads_in_bounded_pieces(tmp_path, monkeypatch):
+def test_dcp_loads_in_bounded_pieces_one_at_a_time(tmp_path, monkeypatch):
     state = pretrain()
     save_dcp({"model": state, "step": 1}, tmp_path / "dcp")
     monkeypatch.setattr(checkpoint_dcp, "PIECE_BYTES", 8192)
-    sizes = []
-    real = checkpoint_dcp.DcpCheckpoint.load_piece
-
-    def recording(self, keys):
-        piece = real(self, keys)
-        sizes.append(sum(t.numel() * t.element_size() for t in piece.values()))
-        return piece
-
-    monkeypatch.setattr(checkpoint_dcp.DcpCheckpoint, "load_piece", recording)
+    held, sizes = _count_live(monkeypatch, checkpoint_dcp.DcpCheckpoint, "load_piece")
     from diagkit.demos.finetune import FinetuneModel
     model = FinetuneModel()
     load_checkpoint(model, tmp_path / "dcp")
     largest = max(t.numel() * t.element_size() for t in state.values())
-    assert len(sizes) > 3 and max(sizes) <= max(8192, largest)
+    assert len(sizes) > 3 and max(sizes) <= max(8192, largest) and held == [0] * len(sizes)
     assert sum(sizes) == sum(t.numel() * t.element_size() for t in state.values())
     for k, v in state.items():
         assert torch.equal(model.state_dict()[k], v), k
