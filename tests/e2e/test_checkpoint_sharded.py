@@ -206,6 +206,48 @@ def test_dcp_optimizer_state_loads_as_from_one_file(tmp_path):
     assert not report.optimizer["loaded"] and "[2, 2]" in report.optimizer["why"]
 
 
+SAVE_TWO_RANKS = """
+import sys, warnings
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+import torch.distributed.checkpoint as dcp
+
+def main(rank, out, store, source):
+    warnings.simplefilter("ignore")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (2,))
+    state = torch.load(source, weights_only=True)
+    dcp.save({"model": {k: distribute_tensor(v, mesh, [Shard(0)]) for k, v in state.items()},
+              "step": 5}, checkpoint_id=out)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(main, args=tuple(sys.argv[1:]), nprocs=2)
+"""
+
+
+def test_dcp_saved_by_two_ranks_reads_in_one_process(tmp_path):
+    """Every tensor split across two ranks' files (a DTensor sharded on dim 0, gloo, world 2):
+    read back whole, with no process group, it is the file it was split from."""
+    (tmp_path / "save.py").write_text(SAVE_TWO_RANKS)
+    run = subprocess.run([sys.executable, str(tmp_path / "save.py"), str(tmp_path / "dcp"),
+                          str(tmp_path / "store"), str(PRETRAIN)], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in (tmp_path / "dcp").glob("*.distcp")) == [
+        "__0_0.distcp", "__1_0.distcp"]
+    cmp = compare_checkpoints(tmp_path / "dcp", PRETRAIN)
+    assert [f.code for f in cmp.findings] == ["nothing_changed"]
+    assert cmp.summary["unchanged"] == 19
+    from diagkit.demos.finetune import FinetuneModel
+    model = FinetuneModel()
+    assert same_report(load_checkpoint(model, tmp_path / "dcp"),
+                       load_checkpoint(FinetuneModel(), PRETRAIN))
+    for k, v in pretrain().items():
+        assert torch.equal(model.state_dict()[k], v), k
+
+
 # ------------------------------------------------------------------ compare across the forms
 def test_compare_accepts_every_form_on_either_side(tmp_path):
     state = pretrain()
