@@ -26,7 +26,7 @@ import torch
 from ..core.errors import DiagkitError
 from ..core.format import brief
 from .checkpoint_dcp_meta import read_metadata
-from .checkpoint_read import find_state_dict, optimizer_key, _unpickling_error
+from .checkpoint_read import find_state_dict, optimizer_key, unpickling_error
 
 PIECE_BYTES = 64 << 20  # bytes of tensors one load call allocates and fills
 
@@ -226,7 +226,7 @@ def _planner(trust: bool, folder: Path):
             try:
                 obj = torch.load(value, weights_only=not trust)
             except pickle.UnpicklingError as exc:
-                raise _unpickling_error(f"{folder} (entry {read_item.dest_index.fqn})",
+                raise unpickling_error(f"{folder} (entry {read_item.dest_index.fqn})",
                                         str(exc)) from None
             if self.flatten_state_dict:  # as torch's own load_bytes does
                 set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn],

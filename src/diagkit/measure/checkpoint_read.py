@@ -53,13 +53,13 @@ def read_checkpoint(path, trust: bool = False):
                     raise
                 return torch.load(file, map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as exc:
-        raise _unpickling_error(path, str(exc)) from None
+        raise unpickling_error(path, str(exc)) from None
     except Exception as exc:  # truncated zip, not a checkpoint at all, ...
         raise DiagkitError(f"checkpoint {path} is not a readable PyTorch file: "
                            f"{type(exc).__name__}: {brief(exc)}") from None
 
 
-def _unpickling_error(path, text: str) -> DiagkitError:
+def unpickling_error(path, text: str) -> DiagkitError:
     """Two different problems, two different lines: a file that names code to run (refused,
     `--trust-checkpoint` runs it) and a file that is damaged or not a checkpoint at all (no
     flag helps: telling the user to trust it would be wrong)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-from pathlib import Path
 
 from ..core.errors import DiagkitError
 from ..core.options import DEFAULTS
