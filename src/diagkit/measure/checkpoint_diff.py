@@ -13,7 +13,8 @@ import torch
 
 from ..core.errors import DiagkitError
 from .checkpoint_read import align_prefix
-from .checkpoint_stream import open_checkpoint
+from .checkpoint_kind import open_checkpoint
+from .checkpoint_stream import itemsize
 
 CHUNK = 1 << 18  # elements of one tensor read, compared and released at a time
 
@@ -88,10 +89,6 @@ def _measure(a, key_a, b, key_b, shape, same_dtype: bool) -> dict:
             "delta_norm": delta, "norm_a": norm_a, "relative_change": relative}
 
 
-def _itemsize(dtype) -> int:
-    return dtype.itemsize if isinstance(dtype, torch.dtype) else 0
-
-
 def _row(name, a, key_a, b, key_b) -> dict:
     row = {"name": name, "module": name.rsplit(".", 1)[0] if "." in name else "",
            "in_a": key_a is not None, "in_b": key_b is not None,
@@ -106,7 +103,7 @@ def _row(name, a, key_a, b, key_b) -> dict:
             row[f"shape_{side}"], row[f"dtype_{side}"] = shape, str(dtype)
     shape, dtype = metas.get("b", metas.get("a"))
     row["numel"] = math.prod(shape)
-    row["bytes"] = row["numel"] * _itemsize(dtype)
+    row["bytes"] = row["numel"] * itemsize(dtype)
     if key_a is None:
         row["status"] = "only_in_b"
     elif key_b is None:
@@ -143,7 +140,11 @@ def diff_checkpoints(path_a, path_b, trust: bool = False) -> tuple[pd.DataFrame,
     Checkpoints with no name in common are not saves of one model: a one-line error.
     """
     a = open_checkpoint(path_a, trust)
-    b = open_checkpoint(path_b, trust)
+    try:
+        b = open_checkpoint(path_b, trust)
+    except BaseException:
+        a.close()
+        raise
     try:
         keys_a = {k: k for k in a.keys()}
         keys_b = align_prefix({k: k for k in b.keys()}, set(keys_a))

@@ -1,48 +1,76 @@
-"""Loading a checkpoint into the model by name (the `module.` prefix tolerated on either
-side), and its optimizer state into a matching optimizer; a `LoadReport` says what happened."""
+"""Loading a checkpoint (of any kind: `checkpoint_kind`) into the model by name (the `module.`
+prefix tolerated on either side), and its optimizer state into a matching optimizer; a `LoadReport` says what happened."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from ..core.errors import DiagkitError
 from ..core.format import brief
 from ..core.result import LoadReport
-from .checkpoint_read import align_prefix, find_optimizer_state, find_state_dict, read_checkpoint
+from .checkpoint_kind import open_checkpoint
+from .checkpoint_read import align_prefix
+from .checkpoint_stream import itemsize
 
 
 def load_checkpoint(model: torch.nn.Module, path, trust: bool = False,
                     optimizers: list | None = None) -> LoadReport:
     """Load by name, tolerating the `module.` wrapper prefix on either side; report everything.
 
-    Tensors whose shape differs are not loaded (and reported); loading nothing that matches is
-    an error. An optimizer state dict in the file is mapped onto the current optimizer when its
-    groups have the same sizes.
+    `path` is any checkpoint `checkpoint_kind` knows: a file, a Hugging Face sharded
+    checkpoint, a torch.distributed.checkpoint folder. The report is decided from the names,
+    shapes and dtypes alone, before any tensor is read; the tensors are then loaded a piece at
+    a time (a file whole, a shard, a bounded group), so the report is the same for the same
+    tensors in any form. Tensors whose shape differs are not loaded (and reported); loading
+    nothing that matches is an error. An optimizer state dict in the checkpoint is mapped onto
+    the current optimizer when its groups have the same sizes.
     """
-    obj = read_checkpoint(path, trust)
-    state = find_state_dict(obj, str(path))
+    source = open_checkpoint(path, trust)
+    try:
+        report, keys = _plan(model, source, path)
+        _load_pieces(model, source, keys)
+        opt_state = source.optimizer_state() if optimizers else None
+        if opt_state is not None:
+            report.optimizer = _load_optimizer_state(model, optimizers, opt_state)
+    finally:
+        source.close()
+    return report
+
+
+def _plan(model, source, path) -> tuple[LoadReport, dict[str, str]]:
+    """The load report from the checkpoint's metadata, and the file key of each tensor to load
+    (by the model's name)."""
+    metas = {k: source.meta(k) for k in source.keys()}
     own = model.state_dict()
-    state = align_prefix(state, set(own))
-    names = set(state) & set(own)
-    mismatched = [{"name": n, "file": tuple(state[n].shape), "model": tuple(own[n].shape)}
-                  for n in sorted(names) if state[n].shape != own[n].shape]
-    matched = sorted(n for n in names if state[n].shape == own[n].shape)
+    key_of = align_prefix({k: k for k in metas}, set(own))  # the model's name -> file key
+    shape = {n: tuple(metas[k][0]) for n, k in key_of.items()}
+    dtype = {n: metas[k][1] for n, k in key_of.items()}
+    names = set(key_of) & set(own)
+    mismatched = [{"name": n, "file": shape[n], "model": tuple(own[n].shape)}
+                  for n in sorted(names) if shape[n] != tuple(own[n].shape)]
+    matched = sorted(n for n in names if shape[n] == tuple(own[n].shape))
     if not matched:
-        hint = (f"e.g. file has {next(iter(state))!r}, model has {next(iter(sorted(own)), '')!r}"
+        hint = (f"e.g. file has {next(iter(key_of))!r}, model has {next(iter(sorted(own)), '')!r}"
                 if not names else f"{len(mismatched)} names match but every shape differs")
         raise DiagkitError(f"checkpoint {path} matches none of the model's {len(own)} tensor "
                            f"names ({hint}): is it for another architecture?")
-    dtype_cast = [{"name": n, "file": str(state[n].dtype), "model": str(own[n].dtype)}
-                  for n in matched if state[n].dtype != own[n].dtype]
-    model.load_state_dict({n: state[n] for n in matched}, strict=False)
+    dtype_cast = [{"name": n, "file": str(dtype[n]), "model": str(own[n].dtype)}
+                  for n in matched if dtype[n] != own[n].dtype]
     report = LoadReport(
-        path=str(path), matched=matched, missing=sorted(set(own) - set(state)),
-        unexpected=sorted(set(state) - set(own)), mismatched=mismatched, dtype_cast=dtype_cast,
-        file_bytes={n: t.numel() * t.element_size() for n, t in state.items()})
-    opt_state = find_optimizer_state(obj)
-    if opt_state is not None and optimizers:
-        report.optimizer = _load_optimizer_state(model, optimizers, opt_state)
-    return report
+        path=str(path), matched=matched, missing=sorted(set(own) - set(key_of)),
+        unexpected=sorted(set(key_of) - set(own)), mismatched=mismatched, dtype_cast=dtype_cast,
+        file_bytes={n: math.prod(shape[n]) * itemsize(dtype[n]) for n in key_of})
+    return report, {key_of[n]: n for n in matched}
+
+
+def _load_pieces(model, source, keys: dict[str, str]) -> None:
+    """Copy each piece's matched tensors into the model, dropping the piece before the next
+    is read (so at most one piece is held)."""
+    for piece in source.pieces():
+        model.load_state_dict({keys[k]: t for k, t in piece.items() if k in keys}, strict=False)
+        del piece
 
 
 def _load_optimizer_state(model, optimizers, saved: dict) -> dict:

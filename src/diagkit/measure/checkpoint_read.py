@@ -53,13 +53,13 @@ def read_checkpoint(path, trust: bool = False):
                     raise
                 return torch.load(file, map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as exc:
-        raise _unpickling_error(path, str(exc)) from None
+        raise unpickling_error(path, str(exc)) from None
     except Exception as exc:  # truncated zip, not a checkpoint at all, ...
         raise DiagkitError(f"checkpoint {path} is not a readable PyTorch file: "
                            f"{type(exc).__name__}: {brief(exc)}") from None
 
 
-def _unpickling_error(path, text: str) -> DiagkitError:
+def unpickling_error(path, text: str) -> DiagkitError:
     """Two different problems, two different lines: a file that names code to run (refused,
     `--trust-checkpoint` runs it) and a file that is damaged or not a checkpoint at all (no
     flag helps: telling the user to trust it would be wrong)."""
@@ -104,15 +104,21 @@ def find_state_dict(obj, path="checkpoint") -> dict[str, torch.Tensor]:
                        "not a checkpoint diagkit can read")
 
 
-def find_optimizer_state(obj) -> dict | None:
-    """An optimizer state dict stored beside the weights, if the file has one."""
+def optimizer_key(obj):
+    """The key an optimizer state dict is stored under beside the weights, or None."""
     if not isinstance(obj, Mapping):
         return None
     for key in _OPTIMIZER_KEYS:
         value = obj.get(key)
         if isinstance(value, Mapping) and "state" in value and "param_groups" in value:
-            return dict(value)
+            return key
     return None
+
+
+def find_optimizer_state(obj) -> dict | None:
+    """An optimizer state dict stored beside the weights, if the file has one."""
+    key = optimizer_key(obj)
+    return None if key is None else dict(obj[key])
 
 
 def align_prefix(state: dict, wanted: set) -> dict:

@@ -1,5 +1,5 @@
 """Checkpoint files read lazily, a slice at a time, for comparing two of them without holding
-either in memory: a PyTorch zip checkpoint memory-mapped (`torch.load(..., mmap=True)` through
+either in memory, and whole, for loading one into a model (`pieces`: one piece, the file): a PyTorch zip checkpoint memory-mapped (`torch.load(..., mmap=True)` through
 `read_checkpoint`, so bad files get its one-line errors), a `.safetensors` file one key at a
 time; the mapped pages of a measured slice are handed back to the kernel. (A legacy, non-zip
 `.pt` file cannot be mapped and is loaded whole.)"""
@@ -16,7 +16,7 @@ import torch
 
 from ..core.errors import DiagkitError
 from ..core.format import brief
-from .checkpoint_read import find_state_dict, read_checkpoint
+from .checkpoint_read import find_optimizer_state, find_state_dict, read_checkpoint
 
 
 def _libc():
@@ -87,7 +87,9 @@ class _TorchFile:
     tensor's bytes are read only when a slice of it is measured."""
 
     def __init__(self, path, trust: bool):
-        self.state = find_state_dict(read_checkpoint(path, trust), str(path))
+        obj = read_checkpoint(path, trust)
+        self.state = find_state_dict(obj, str(path))
+        self.optimizer = find_optimizer_state(obj)
         self.pages = _MappedPages(path)
 
     def keys(self) -> list[str]:
@@ -105,8 +107,18 @@ class _TorchFile:
             t = t.to_dense()
         return (t if start is None else t[start:stop]).reshape(-1)
 
+    def tensors(self, keys) -> dict[str, torch.Tensor]:
+        return {k: self.state[k] for k in keys}
+
+    def pieces(self):
+        """The whole state dict, as one piece (memory-mapped where the file allows)."""
+        yield dict(self.state)
+
+    def optimizer_state(self) -> dict | None:
+        return self.optimizer
+
     def close(self) -> None:
-        self.state = {}
+        self.state, self.optimizer = {}, None
 
 
 class _SafetensorsFile:
@@ -141,8 +153,23 @@ class _SafetensorsFile:
             return self.handle.get_tensor(key).reshape(-1)
         return self.handle.get_slice(key)[start:stop].reshape(-1)
 
+    def tensors(self, keys) -> dict[str, torch.Tensor]:
+        return {k: self.handle.get_tensor(k) for k in keys}
+
+    def pieces(self):
+        """The whole file, as one piece."""
+        yield self.tensors(self._keys)
+
+    def optimizer_state(self) -> None:
+        return None  # a safetensors file holds tensors only
+
     def close(self) -> None:
         self.handle = None
+
+
+def itemsize(dtype) -> int:
+    """Bytes per element of a dtype from `meta` (0 for a safetensors dtype torch lacks)."""
+    return dtype.itemsize if isinstance(dtype, torch.dtype) else 0
 
 
 def _is_safetensors(path) -> bool:
@@ -158,5 +185,6 @@ def _is_safetensors(path) -> bool:
     return len(head) == 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < size
 
 
-def open_checkpoint(path, trust: bool):
+def open_file(path, trust: bool):
+    """One checkpoint file, of either format (`checkpoint_kind.open_checkpoint` opens any kind)."""
     return _SafetensorsFile(path) if _is_safetensors(path) else _TorchFile(path, trust)

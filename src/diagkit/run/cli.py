@@ -89,7 +89,9 @@ def _target_options(p: argparse.ArgumentParser, target_nargs=None) -> None:
     p.add_argument("--every", type=_option("every"), default=DEFAULTS["every"], metavar="K",
                    help=HELP["every"])
     p.add_argument("--checkpoint", metavar="PATH",
-                   help="load this checkpoint into the model first (weights_only=True)")
+                   help="load this checkpoint into the model first (weights_only=True): a "
+                        "file, a Hugging Face sharded folder or index, or a "
+                        "torch.distributed.checkpoint folder")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="allow a checkpoint that needs arbitrary unpickling (runs its code)")
     p.add_argument("--nproc", type=_option("nproc"), default=DEFAULTS["nproc"], metavar="N",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-from pathlib import Path
 
 from ..core.errors import DiagkitError
 from ..core.options import DEFAULTS
@@ -40,5 +39,6 @@ def precheck_target(spec: str, kwargs: dict, checkpoint: str | None) -> None:
     """Fail in one line before a kernel starts: the target must import and accept its args."""
     from .target import check_kwargs, resolve_target
     check_kwargs(resolve_target(spec), spec, kwargs)
-    if checkpoint and not Path(checkpoint).is_file():
-        raise DiagkitError(f"no such checkpoint file: {checkpoint}")
+    if checkpoint:
+        from ..measure.checkpoint_kind import locate
+        locate(checkpoint)  # a missing path, or a folder that is no checkpoint: one line

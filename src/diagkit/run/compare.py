@@ -23,7 +23,8 @@ def compare_checkpoints(path_a, path_b, trust: bool = False) -> Comparison:
     """Compare two checkpoints tensor by tensor (A the earlier save, B the later one).
 
     Each may be a PyTorch file (a bare state dict or one nested under model, state_dict, ...;
-    loaded with weights_only unless `trust`) or a `.safetensors` file. Names that differ only
+    loaded with weights_only unless `trust`), a `.safetensors` file, a Hugging Face sharded
+    checkpoint or a torch.distributed.checkpoint folder (`checkpoint_kind`). Names that differ only
     by the DDP prefix `module.` are aligned (A's spelling is kept). Bad input raises
     DiagkitError with a one-line reason.
     """

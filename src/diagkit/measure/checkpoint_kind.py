@@ -1,0 +1,94 @@
+"""What kind of checkpoint a path is: the one place that decides, for `--checkpoint` and
+`compare` alike.
+
+- a file: a PyTorch file or a `.safetensors` file (`checkpoint_stream`);
+- a Hugging Face sharded checkpoint: its `*.safetensors.index.json` / `*.bin.index.json`, or
+  the folder holding exactly one such index (`checkpoint_shards`); a folder that holds no index
+  but exactly one `model.safetensors` / `pytorch_model.bin` (an unsharded `save_pretrained`) is
+  that file;
+- a `torch.distributed.checkpoint` folder: one with a `.metadata` file, or that file itself
+  (`checkpoint_dcp`).
+
+Anything else (no such path, an empty folder, a folder that is none of these) is one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from ..core.errors import DiagkitError
+
+FILE, HF_SHARDED, DCP = "file", "hf_sharded", "dcp"
+
+DCP_METADATA = ".metadata"
+_INDEX_SUFFIXES = (".safetensors.index.json", ".bin.index.json")
+_HF_SINGLE = ("model.safetensors", "pytorch_model.bin")
+
+
+@dataclasses.dataclass(frozen=True)
+class Located:
+    """A checkpoint path resolved: its `kind`, and the file or folder that kind reads."""
+
+    kind: str  # FILE, HF_SHARDED or DCP
+    path: Path  # the file (FILE), the index file (HF_SHARDED) or the folder (DCP)
+
+
+def is_index(path) -> bool:
+    return Path(path).name.endswith(_INDEX_SUFFIXES)
+
+
+def locate(path) -> Located:
+    """The kind of checkpoint at `path`, or a one-line `DiagkitError` saying why it is none."""
+    given = Path(path)
+    if not given.exists():
+        raise DiagkitError(f"no such checkpoint file or folder: {path}")
+    if given.is_dir():
+        return _locate_folder(given, path)
+    if given.name == DCP_METADATA:
+        return Located(DCP, given.parent)
+    if is_index(given):
+        return Located(HF_SHARDED, given)
+    return Located(FILE, given)
+
+
+def _locate_folder(folder: Path, path) -> Located:
+    if (folder / DCP_METADATA).is_file():
+        return Located(DCP, folder)
+    names = sorted(p.name for p in folder.iterdir())
+    if not names:
+        raise DiagkitError(f"checkpoint folder {path} is empty")
+    indexes = [n for n in names if is_index(n)]
+    if len(indexes) > 1:
+        raise DiagkitError(f"checkpoint folder {path} holds {len(indexes)} shard indexes "
+                           f"({', '.join(indexes)}): name the one to read")
+    if indexes:
+        return Located(HF_SHARDED, folder / indexes[0])
+    singles = [n for n in _HF_SINGLE if (folder / n).is_file()]
+    if len(singles) == 1:
+        return Located(FILE, folder / singles[0])
+    raise DiagkitError(
+        f"checkpoint folder {path} is not a checkpoint diagkit can read: no "
+        f"{DCP_METADATA} (a torch.distributed.checkpoint folder), no *.safetensors.index.json "
+        f"or *.bin.index.json (a Hugging Face sharded checkpoint), no single "
+        f"{' or '.join(_HF_SINGLE)} (it holds {_some(names)})")
+
+
+def _some(names: list[str], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def open_checkpoint(path, trust: bool = False):
+    """Any kind of checkpoint, opened with one interface: `keys()`, `meta(key)` -> (shape,
+    dtype), `rows(key, start, stop)` and `pages` (streaming comparison), `pieces()` (the
+    tensors, a bounded piece at a time, for loading), `optimizer_state()`, `close()`."""
+    found = locate(path)
+    if found.kind == HF_SHARDED:
+        from .checkpoint_shards import ShardedCheckpoint
+        return ShardedCheckpoint(found.path, trust)
+    if found.kind == DCP:
+        from .checkpoint_dcp import DcpCheckpoint
+        return DcpCheckpoint(found.path, trust)
+    from .checkpoint_stream import open_file
+    return open_file(found.path, trust)
