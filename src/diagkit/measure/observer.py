@@ -30,6 +30,7 @@ from .inventory import Inventory, group_lr
 from .kernels import checksum, norms
 from .probes import make_probe
 from .readback import Pending
+from .skips import Holdings, merged_skips
 from .step_records import StepRecords
 from .step_state import LoopFacts, StepState
 from .strategy_plan import plan_strategies
@@ -77,6 +78,9 @@ class Observer:
         plan = plan_strategies(self, self._held_by, self._handles)
         self._strategies, self._earned, self._read_by = plan.strategies, plan.earned, plan.read_by
         self.dropped: list[tuple[int, str]] = []  # (step, why) of steps not recorded
+        self.holdings = Holdings(self._held_by, n)
+        # Optimizer steps skipped in the observed steps (a loss scaler's; `diagkit.measure.skips`).
+        self.skipped_optimizer_steps = 0
         self._all = np.arange(n)
 
     # ----------------------------------------------------------------- lifecycle
@@ -122,7 +126,8 @@ class Observer:
     # ----------------------------------------------------------------- steps
     def begin_step(self, step: int | None = None, consecutive: bool = False) -> None:
         """Start observing a step. `consecutive`: nothing ran since the last `end_step`."""
-        self.state = StepState.begin(len(self.records) if step is None else step, self.n)
+        self.state = StepState.begin(len(self.records) if step is None else step, self.n,
+                                     len(self.optimizers))
         self.stepping = None
         self.probe.begin(consecutive=consecutive)
         self.active = True
@@ -143,8 +148,11 @@ class Observer:
         pending, keys = self._queue(st, loss)
         got = pending.read()
         delta, changed, ratio = self.probe.resolve(got)
+        merged, stale = merged_skips(st, got["fresh_l2"], got["resets"])
         grad_norm, nonfinite, self.zero_grad_expected = resolve_fresh(
-            st, got["fresh_l2"], dict(zip(keys["fresh_zero"], got["fresh_zero"])), self.n)
+            st, got["fresh_l2"], dict(zip(keys["fresh_zero"], got["fresh_zero"])), self.n,
+            stale)
+        skipping = self.holdings.skipping(st)
         grad_total = np.full(self.n, np.nan)
         grad_total[keys["grad_l2"]] = got["grad_l2"]
         same = np.concatenate(st.total_is_fresh) if st.total_is_fresh else self._all[:0]
@@ -157,10 +165,14 @@ class Observer:
             return False
         for share in self._earned:
             share.judge_step(st)
+        # A step some optimizer skipped counts its skips; a merged skip is one a later
+        # iteration of the same step ran on from (the watch's steps, which every optimizer took).
+        self.skipped_optimizer_steps += int(skipping.sum()) if skipping.any() else merged
         self.records.add(st.index, {
             "requires_grad": st.requires_grad, "used": st.used, "grad_norm": grad_norm,
             "grad_total_norm": grad_total, "carried_grad": carried_grad, "delta_norm": delta,
             "update_ratio": ratio, "changed": changed, "lr": st.lr, "nonfinite": nonfinite,
+            "skipped": self.holdings.skipped(st, skipping),
             **({"checksum": got["checksum"]} if self.checksums else {})})
         st.release()
         if keys["scalar_loss"]:
@@ -184,6 +196,7 @@ class Observer:
             pending.add("fresh_zero", [st.fresh_zero[k] for k in keys["fresh_zero"]])
             pending.add("grad_l2", [st.total_norms[k] for k in keys["grad_l2"]])
             pending.add("carried", [st.carried[k] for k in keys["carried"]])
+            pending.add("resets", [v for v in st.resets.values() if v is not None])
             pending.add("checksum", [checksum(t) for t in self.tensors] if self.checksums else [])
             # The loss rides along with the step's one read-back instead of its own sync.
             pending.add("loss", [loss.detach().reshape(()).float()] if keys["scalar_loss"]
@@ -196,6 +209,7 @@ class Observer:
 
         def hook(*_args):
             if self.active:
+                self.state.stepped[i] = True
                 if self.step_ends:
                     self.stepping = i
                 for strategy in strategies:
