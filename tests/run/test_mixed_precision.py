@@ -169,3 +169,38 @@ def test_bf16_parameters_with_updates_large_enough_train():
     model, opt = bf16_model(lr=0.1)
     diag = diagkit.diagnose(model, opt, batch_fn=fixed_batch, loss_fn=bf16_loss, steps=3)
     assert verdicts_seen(diag) == {"ok"}
+
+
+def test_a_diagnosis_saved_before_the_skipped_column_loads_with_no_step_skipped(tmp_path):
+    import pandas as pd
+    step = ScaledFp16()
+    diag = diagkit.diagnose(step.model, step.opt, train_step=step, steps=2)
+    diag.save(tmp_path / "d")
+    steps_file = tmp_path / "d" / "steps.parquet"
+    pd.read_parquet(steps_file).drop(columns="skipped").to_parquet(steps_file)
+    loaded = diagkit.load(tmp_path / "d")
+    assert "skipped" in loaded.steps.columns and not loaded.steps["skipped"].any()
+    assert loaded.steps["skipped"].dtype == bool
+
+
+def test_watch_a_tensor_only_the_skipped_backward_reached_is_not_nonfinite():
+    """The overflowed iteration also ran a branch the taken one did not: its gradient, from a
+    backward whose step was skipped, is no gradient of the recorded step."""
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"main": nn.Linear(4, 2), "aux": nn.Linear(4, 2)})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    w = diagkit.watch(model, opt, steps=2)
+    for i in range(3):
+        opt.zero_grad()
+        x = fixed_batch()
+        loss = model["main"](x).pow(2).mean()
+        if i == 0:  # overflows: the scaler skips this step
+            loss = (loss + model["aux"](x).pow(2).mean()) * math.inf
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    diag = w.diagnosis
+    assert diag.meta["skipped_optimizer_steps"] == 1 and diag.meta["optimizer_steps"] == 2
+    assert not diag.steps["nonfinite"].any()
+    assert "nonfinite_grad" not in verdicts_seen(diag)

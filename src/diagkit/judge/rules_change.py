@@ -45,7 +45,9 @@ def _explain_frozen_but_changing(label, group, steps):
 
 @verdict("stalled", "error",
          ('It requires grad, an optimizer holds it, it gets gradients — and its value never'
-          ' changes (a learning rate of 0, an optimizer that never steps).'))
+          ' changes (a learning rate of 0, an optimizer that never steps, a tensor kept in'
+          ' bf16/fp16 whose updates round away: the finding says which). Steps its optimizer'
+          ' skipped do not count.'))
 def stalled(params, steps):
     """A step its optimizer skipped is not a change that failed to happen: only taken steps
     count. An optimizer that skipped every step still never steps, unless it skipped because
@@ -101,7 +103,9 @@ def _explain_zero_gradient(label, group, steps):
 
 
 @verdict("nonfinite_grad", "error",
-         ('A gradient held NaN or Inf.'))
+         ('A gradient held NaN or Inf on a step its optimizer took, or on every step when all'
+          ' were skipped. A step a loss scaler skipped because the gradients overflowed is the'
+          ' scaler doing its job (`steps.skipped`).'))
 def nonfinite_grad(params, steps):
     """On a step its optimizer skipped, a non-finite gradient is a loss scaler doing its job
     (it skips the steps whose scaled gradients overflowed). Still an error: on a step that
