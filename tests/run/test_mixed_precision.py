@@ -204,3 +204,32 @@ def test_watch_a_tensor_only_the_skipped_backward_reached_is_not_nonfinite():
     assert diag.meta["skipped_optimizer_steps"] == 1 and diag.meta["optimizer_steps"] == 2
     assert not diag.steps["nonfinite"].any()
     assert "nonfinite_grad" not in verdicts_seen(diag)
+
+
+def test_grad_total_norm_is_the_unscaled_gradient_the_optimizer_sees():
+    """GradScaler's unscale_ rewrites .grad in place without bumping its version: the norm the
+    observer took as backward ended (scaled) is not what the optimizer steps on. A skip late in
+    the watch, once the loop looked standard for a while, is still seen and counted."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    w = diagkit.watch(model, opt, steps=6)
+    seen = []
+    for i in range(7):
+        opt.zero_grad()
+        loss = mse_loss(model, fixed_batch()) * (math.inf if i == 4 else 1.0)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        if i != 4:
+            seen.append(math.sqrt(sum(float(p.grad.norm()) ** 2 for p in model.parameters())))
+        scaler.step(opt)
+        scaler.update()
+    diag = w.diagnosis
+    s = diag.steps
+    total = s.groupby("step")["grad_total_norm"].apply(lambda x: float((x ** 2).sum() ** 0.5))
+    assert total.to_numpy() == pytest.approx(seen, rel=1e-4)
+    fresh = s.groupby("step")["grad_norm"].apply(lambda x: float((x ** 2).sum() ** 0.5))
+    assert fresh.iloc[0] == pytest.approx(seen[0] * 2 ** 10, rel=1e-4)  # backward's: scaled
+    assert diag.meta["skipped_optimizer_steps"] == 1 and diag.meta["optimizer_steps"] == 6
+    assert verdicts_seen(diag) == {"ok"}

@@ -29,6 +29,7 @@ from .gradients import resolve_fresh
 from .inventory import Inventory, group_lr
 from .kernels import checksum, norms
 from .probes import make_probe
+from . import rewrites
 from .readback import Pending
 from .skips import Holdings, merged_skips
 from .step_records import StepRecords
@@ -157,6 +158,7 @@ class Observer:
         grad_total[keys["grad_l2"]] = got["grad_l2"]
         same = np.concatenate(st.total_is_fresh) if st.total_is_fresh else self._all[:0]
         grad_total[same] = grad_norm[same]
+        st.rewritten = rewrites.correct(st, got["rewrites"], grad_norm, grad_total, same)
         carried_grad = np.zeros(self.n, dtype=bool)
         carried_grad[keys["carried"]] = got["carried"] != 0  # NaN != 0: a NaN .grad is carried
         if st.dropped is not None:
@@ -197,6 +199,7 @@ class Observer:
             pending.add("grad_l2", [st.total_norms[k] for k in keys["grad_l2"]])
             pending.add("carried", [st.carried[k] for k in keys["carried"]])
             pending.add("resets", [v for v in st.resets.values() if v is not None])
+            pending.add("rewrites", rewrites.queued(st))
             pending.add("checksum", [checksum(t) for t in self.tensors] if self.checksums else [])
             # The loss rides along with the step's one read-back instead of its own sync.
             pending.add("loss", [loss.detach().reshape(()).float()] if keys["scalar_loss"]
@@ -260,6 +263,8 @@ class Observer:
                 g, version = st.grad_versions[ks[j]]
                 reusable[j] = tensors[ks[j]].grad is g and g._version == version
         st.total_is_fresh.append(idx[reusable])
+        if not untouched:  # a version the unscaling kernel did not bump: look at a few again
+            rewrites.queue(st, idx[reusable], tensors)
         todo = idx[has_grad & ~reusable].tolist()
         with torch.no_grad():
             st.total_norms.update(zip(todo, norms([tensors[k].grad for k in todo])))

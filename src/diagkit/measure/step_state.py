@@ -83,6 +83,10 @@ class StepState:
     total_norms: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
     # Index arrays of tensors whose .grad norm is their fresh norm (nothing rewrote .grad).
     total_is_fresh: list[np.ndarray] = dataclasses.field(default_factory=list)
+    # (reused, probed, norms): .grad norms taken again at optimizer time (`measure.rewrites`),
+    # and whether one showed .grad rewritten in place without a version bump.
+    rewrite_probes: list = dataclasses.field(default_factory=list)
+    rewritten: bool = False
 
     @classmethod
     def begin(cls, index: int, n: int, n_optimizers: int = 0) -> "StepState":
