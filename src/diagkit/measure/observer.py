@@ -46,6 +46,8 @@ class Observer:
     running the steps guarantees (`LoopFacts`; nothing by default). `step_ends`: the caller
     also calls `step_ended(i)` as each optimizer step returns (its post-hook), so a backward
     inside `optimizer.step(closure)` can be told apart from one after the step.
+    An optimizer whose step pre-hook never fires in a step (a loss scaler's skip) marks its
+    tensors `skipped`; skips inside a longer step are counted (`diagkit.measure.skips`).
     """
 
     def __init__(self, inventory: Inventory, optimizers: list[torch.optim.Optimizer], *,

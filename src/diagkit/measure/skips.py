@@ -79,6 +79,7 @@ def merged_skips(st: StepState, l2: np.ndarray, zeroed: np.ndarray
         return 0, None
     ends = np.cumsum([len(ks) for ks, _ in st.fresh_norms])
     bounds = [0] + [int(ends[m - 1]) if m else 0 for m in marks[:-1]] + [len(l2)]
+    # Told by the float32 norms: an inf or NaN element makes its tensor's norm inf or NaN.
     bad = np.array([not np.isfinite(l2[a:b]).all() for a, b in zip(bounds, bounds[1:])])
     # Backward j + 1 began a new iteration: it found .grad reset, or it is finite again after
     # j was not (accumulating onto an inf would keep it). j overflowed before: skipped.
