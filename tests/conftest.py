@@ -34,6 +34,7 @@ STEP_DEFAULTS = {
     "changed": True,
     "lr": 0.1,
     "nonfinite": False,
+    "skipped": False,
 }
 _PER_STEP = set(STEPS_COLUMNS) - {"step", "name"}
 
@@ -95,6 +96,7 @@ class T:
             "changed_steps": sum(bool(r["changed"]) for r in rows),
             "carried_steps": sum(bool(r["carried_grad"]) for r in rows),
             "nonfinite_steps": sum(bool(r["nonfinite"]) for r in rows),
+            "skipped_steps": sum(bool(r["skipped"]) for r in rows),
             "grad_norm": next((r["grad_norm"] for r in reversed(rows) if r["used"]), math.nan),
             "grad_total_norm": rows[-1]["grad_total_norm"] if rows else math.nan,
             "delta_norm": float(np.mean([r["delta_norm"] for r in rows])) if rows else math.nan,

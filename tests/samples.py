@@ -96,6 +96,7 @@ def synthetic(n_tensors: int = 2000, n_steps: int = 200, n_top: int = 25):
         "changed": np.tile(changes, n_steps),
         "lr": np.tile(np.where(held, 1e-3, np.nan), n_steps),
         "nonfinite": False,
+        "skipped": False,
     }
     steps = pd.DataFrame(flat, columns=list(STEPS_COLUMNS))
 
@@ -132,6 +133,7 @@ def synthetic(n_tensors: int = 2000, n_steps: int = 200, n_top: int = 25):
         "changed_steps": np.where(changes, n_steps, 0),
         "carried_steps": np.where(np.isin(idx, ORPHANS), n_steps - 1, 0),
         "nonfinite_steps": 0,
+        "skipped_steps": 0,
         "grad_norm": grad[-1],
         "grad_total_norm": total[-1],
         "delta_norm": (ratio * 10).mean(axis=0),

@@ -257,6 +257,7 @@ def synthetic(n_tensors: int = 2000, n_steps: int = 200) -> tuple[pd.DataFrame, 
         group=pd.array([0] * n_tensors, dtype="Int64"), memberships=[((0, 0),)] * n_tensors,
         n_optimizers=1, lr=0.1, weight_decay=0.0, steps=n_steps, rg_steps=n_steps,
         used_steps=n_steps, changed_steps=n_steps, carried_steps=0, nonfinite_steps=0,
+        skipped_steps=0,
         grad_norm=rng.random(n_tensors), grad_total_norm=rng.random(n_tensors),
         delta_norm=rng.random(n_tensors), update_ratio=rng.random(n_tensors),
         verdicts=verdicts)[list(PARAMS_COLUMNS)]
@@ -268,7 +269,7 @@ def synthetic(n_tensors: int = 2000, n_steps: int = 200) -> tuple[pd.DataFrame, 
         "grad_norm": rng.random(total),
         "grad_total_norm": rng.random(total), "carried_grad": False,
         "delta_norm": rng.random(total), "update_ratio": rng.random(total),
-        "changed": True, "lr": 0.1, "nonfinite": False,
+        "changed": True, "lr": 0.1, "nonfinite": False, "skipped": False,
     })[list(STEPS_COLUMNS)]
     return params, steps
 

@@ -178,8 +178,8 @@ def load(directory) -> Diagnosis:
     run = json.loads((folder / "run.json").read_text())
     failure = StepFailure(**run["failure"]) if run.get("failure") else None
     return Diagnosis(
-        params=from_parquet(folder / "params.parquet"),
-        steps=from_parquet(folder / "steps.parquet"),
+        params=_added_columns(from_parquet(folder / "params.parquet"), {"skipped_steps": 0}),
+        steps=_added_columns(from_parquet(folder / "steps.parquet"), {"skipped": False}),
         findings=[Finding.from_dict(d) for d in
                   json.loads((folder / "findings.json").read_text())],
         advice=json.loads((folder / "advice.json").read_text()),
@@ -212,6 +212,16 @@ class Comparison(_Judged):
     def __repr__(self) -> str:
         return (f"<Comparison {self.summary['tensors']} tensors, {self.summary['changed']} "
                 f"changed, {self.summary['unchanged']} unchanged, worst={self.worst()}>")
+
+
+def _added_columns(table: pd.DataFrame, defaults: dict) -> pd.DataFrame:
+    """A table saved before a column existed gets it with the value that meant then (no step
+    was ever marked skipped), so what reads it needs no second path."""
+    if len(table.columns):
+        for column, value in defaults.items():
+            if column not in table.columns:
+                table[column] = value
+    return table
 
 
 def _write_json(path: Path, payload) -> None:

@@ -35,6 +35,7 @@ PARAMS_COLUMNS: dict[str, str] = {
     "changed_steps": "steps on which its value changed (exact comparison)",
     "carried_steps": "steps whose first accumulation landed on a non-zero .grad",
     "nonfinite_steps": "steps on which its fresh gradient held NaN or Inf",
+    "skipped_steps": "steps its optimizer skipped (steps.skipped): a loss scaler's overflow",
     "grad_norm": "fresh-gradient L2 norm on the last step it was used (NaN if never)",
     "grad_total_norm": "L2 norm of the .grad the optimizer saw on the last step (NaN if None)",
     "delta_norm": "mean over steps of the per-step change's L2 norm",
@@ -57,6 +58,8 @@ STEPS_COLUMNS: dict[str, str] = {
     "changed": "any element differs after the step (exact comparison)",
     "lr": "learning rate of its (first) group at optimizer-step time (NaN if none)",
     "nonfinite": "the step's fresh gradient held NaN or Inf",
+    "skipped": "no optimizer holding it stepped, while one that holds it got gradients in the "
+               "step (a loss scaler's skip after an overflow; see diagkit.measure.skips)",
 }
 
 # Present only in distributed runs (gathered from every rank).
@@ -70,4 +73,5 @@ DISTRIBUTED_STEPS_COLUMNS: dict[str, str] = {
 TUPLE_COLUMNS = ("aliases", "shape", "memberships", "verdicts")
 
 # Boolean columns of the steps table (an empty table keeps these dtypes).
-BOOL_STEP_COLUMNS = frozenset({"requires_grad", "used", "carried_grad", "changed", "nonfinite"})
+BOOL_STEP_COLUMNS = frozenset({"requires_grad", "used", "carried_grad", "changed", "nonfinite",
+                               "skipped"})

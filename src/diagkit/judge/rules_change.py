@@ -4,7 +4,8 @@ Each rule is followed by the explanation of its findings (see `diagkit.judge.ver
 
 from __future__ import annotations
 
-from .verdict import has_elements, in_optimizer, per_tensor, verdict
+from .precision import PRECISION_FIX, rounded_away, rounding_why
+from .verdict import has_elements, in_optimizer, per_tensor, skipped, verdict
 from .wording import subject
 
 
@@ -45,20 +46,37 @@ def _explain_frozen_but_changing(label, group, steps):
 
 @verdict("stalled", "error",
          ('It requires grad, an optimizer holds it, it gets gradients — and its value never'
-          ' changes (a learning rate of 0, an optimizer that never steps).'),
+          ' changes (a learning rate of 0, an optimizer that never steps, a tensor kept in'
+          ' bf16/fp16 whose updates round away: the finding says which). Steps its optimizer'
+          ' skipped do not count.'),
          needs="values")
 def stalled(params, steps):
-    used = per_tensor(params, steps, steps["used"].astype(bool))
+    """A step its optimizer skipped is not a change that failed to happen: only taken steps
+    count. An optimizer that skipped every step still never steps, unless it skipped because
+    the gradients overflowed: that is `nonfinite_grad`'s finding, not a stall."""
+    used, skip = steps["used"].astype(bool), skipped(steps)
+    taken = per_tensor(params, steps, used & ~skip)
+    overflowed = per_tensor(params, steps, used & skip & steps["nonfinite"].astype(bool))
+    never_taken = (per_tensor(params, steps, used) > 0) & (taken == 0) & (overflowed == 0)
     changed = per_tensor(params, steps, steps["changed"].astype(bool))
     return (params["requires_grad"].astype(bool) & in_optimizer(params)
-            & (used > 0) & (changed == 0) & has_elements(params))
+            & ((taken > 0) | never_taken) & (changed == 0) & has_elements(params))
 
 
 @stalled.explains
 def _explain_stalled(label, group, steps):
     lrs = sorted(set(group["lr"].dropna().tolist()))
+    mine = steps[steps["name"].isin(set(group["name"]))]
+    rounding = rounded_away(group)
     if lrs and all(lr == 0 for lr in lrs):
         why, fix = "its group's learning rate is 0", "Give its param group a learning rate > 0."
+    elif len(mine) and not (mine["used"].astype(bool) & ~skipped(mine)).any():
+        why = ("its optimizer skipped every step on which it got gradients: optimizer.step() "
+               "never ran (a loop that does not call it, or a loss scaler skipping each step)")
+        fix = ("Call optimizer.step() (scaler.step(optimizer) under a GradScaler) on every "
+               "step; if a scaler skips them all, see the nonfinite_grad finding.")
+    elif len(rounding):
+        why, fix = rounding_why(rounding, everyone=len(rounding) == len(group)), PRECISION_FIX
     else:
         why = "the optimizer step leaves it unchanged"
         fix = ("Check its group's lr, gradient clipping to zero, an optimizer that never "
@@ -88,15 +106,43 @@ def _explain_zero_gradient(label, group, steps):
 
 
 @verdict("nonfinite_grad", "error",
-         ('A gradient held NaN or Inf.'),
+         ('A gradient held NaN or Inf on a step its optimizer took, or on every step when all'
+          ' were skipped. A step a loss scaler skipped because the gradients overflowed is the'
+          ' scaler doing its job (`steps.skipped`).'),
          needs="values")
 def nonfinite_grad(params, steps):
-    return per_tensor(params, steps, steps["nonfinite"].astype(bool)) > 0
+    """On a step its optimizer skipped, a non-finite gradient is a loss scaler doing its job
+    (it skips the steps whose scaled gradients overflowed). Still an error: on a step that
+    was taken, or when every step it got gradients on was skipped (nothing trains)."""
+    nonfinite, skip = steps["nonfinite"].astype(bool), skipped(steps)
+    taken_used = per_tensor(params, steps, steps["used"].astype(bool) & ~skip)
+    return ((per_tensor(params, steps, nonfinite & ~skip) > 0)
+            | ((per_tensor(params, steps, nonfinite) > 0) & (taken_used == 0)))
 
 
 @nonfinite_grad.explains
 def _explain_nonfinite_grad(label, group, steps):
-    message = f"{subject(label, group)} received a gradient holding NaN or Inf."
+    s = steps[steps["name"].isin(set(group["name"]))]
+    nonfinite, skip = s["nonfinite"].astype(bool), skipped(s)
+    if not (nonfinite & ~skip).any():  # only on skipped steps, and every step was skipped
+        n = s.loc[skip, "step"].nunique()
+        message = (f"{subject(label, group)}: its optimizer skipped every one of the {n} "
+                   "observed step(s) on which it got gradients, which held NaN or Inf: a loss "
+                   "scaler that skips every step trains nothing (the loss overflows at each "
+                   "scale tried, or is itself inf or NaN).")
+        fix = ("Check that the loss is finite before scaling (torch.isfinite(loss)); if it is, "
+               "lower GradScaler(init_scale=...) (each skip halves the scale: the first steps "
+               "of float16 training may all skip, so observe more steps), or train under "
+               "torch.autocast(dtype=torch.bfloat16) without a scaler.")
+        return message, fix
+    taken = sorted(int(i) for i in s.loc[nonfinite & ~skip, "step"].unique())
+    listed = ", ".join(map(str, taken[:6])) + (" ..." if len(taken) > 6 else "")
+    others = s.loc[nonfinite & skip, "step"].nunique()
+    message = (f"{subject(label, group)} received a gradient holding NaN or Inf on step(s) "
+               f"{listed}, which its optimizer took"
+               + (f" (the {others} step(s) its optimizer skipped for one are not counted)"
+                  if others else "") + ".")
     fix = ("Find the first op producing it with torch.autograd.set_detect_anomaly(True); check "
-           "the loss scale, log/sqrt/division of near-zero values, and the learning rate.")
+           "the loss scale, log/sqrt/division of near-zero values, and the learning rate. "
+           "Under a GradScaler, step through scaler.step(optimizer): it skips such steps.")
     return message, fix

@@ -87,6 +87,14 @@ def rg_used_counts(params, steps):
     return per_tensor(params, steps, rg), per_tensor(params, steps, rg & used)
 
 
+def skipped(steps: pd.DataFrame) -> pd.Series:
+    """Per row: the tensor's optimizer skipped the step (a loss scaler's overflow). A table
+    saved before the column existed has no skipped step."""
+    if "skipped" not in steps.columns:
+        return pd.Series(False, index=steps.index)
+    return steps["skipped"].fillna(False).astype(bool)
+
+
 def has_elements(params):
     """An empty tensor can neither change nor carry a non-zero gradient: nothing to report."""
     return params["numel"].fillna(1) > 0

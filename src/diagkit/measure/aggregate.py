@@ -25,7 +25,7 @@ def build_params(rows: list[dict], steps: pd.DataFrame) -> pd.DataFrame:
         params[col] = params[col].where(params[col].notna(), params[f"{col}_static"])
     params["requires_grad"] = params["requires_grad"].astype(bool)
     for col in ("steps", "rg_steps", "used_steps", "changed_steps", "carried_steps",
-                "nonfinite_steps"):
+                "nonfinite_steps", "skipped_steps"):
         params[col] = params[col].fillna(0).astype(np.int64)
     params["verdicts"] = [()] * len(params)
     return params[list(PARAMS_COLUMNS)].reset_index(drop=True)
@@ -33,9 +33,12 @@ def build_params(rows: list[dict], steps: pd.DataFrame) -> pd.DataFrame:
 
 # How the ranks' rows of one (step, tensor) fold into one: "any rank" for facts about use and
 # change, the lowest rank's value for measurements (DDP makes them equal where it syncs).
+# `skipped` only when every rank skipped: a rank that took the step took it (and a non-finite
+# gradient there is still a taken step's).
 _RANK_FOLD = {"requires_grad": "any", "used": "any", "grad_norm": "first",
               "grad_total_norm": "first", "carried_grad": "any", "delta_norm": "first",
-              "update_ratio": "first", "changed": "any", "lr": "first", "nonfinite": "any"}
+              "update_ratio": "first", "changed": "any", "lr": "first", "nonfinite": "any",
+              "skipped": "all"}
 
 
 def fold_ranks(steps: pd.DataFrame) -> pd.DataFrame:
@@ -53,8 +56,8 @@ def aggregate_steps(steps: pd.DataFrame) -> pd.DataFrame:
     steps = fold_ranks(steps)
     if steps.empty:  # the first step failed: nothing observed, every count is zero
         columns = ["requires_grad", "lr", "steps", "rg_steps", "used_steps", "changed_steps",
-                   "carried_steps", "nonfinite_steps", "grad_norm", "grad_total_norm",
-                   "delta_norm", "update_ratio"]
+                   "carried_steps", "nonfinite_steps", "skipped_steps", "grad_norm",
+                   "grad_total_norm", "delta_norm", "update_ratio"]
         empty = pd.DataFrame({c: pd.Series(dtype=bool if c == "requires_grad" else float)
                               for c in columns})
         return empty.rename_axis("name")
@@ -71,6 +74,8 @@ def aggregate_steps(steps: pd.DataFrame) -> pd.DataFrame:
         "changed_steps": g["changed"].sum(),
         "carried_steps": g["carried_grad"].sum(),
         "nonfinite_steps": g["nonfinite"].sum(),
+        "skipped_steps": (g["skipped"].sum() if "skipped" in s.columns
+                          else g["step"].nunique() * 0),
         "grad_norm": used_grad.groupby(s["name"], sort=False).last(),
         "grad_total_norm": last["grad_total_norm"],
         "delta_norm": g["delta_norm"].mean(),

@@ -80,8 +80,8 @@ class EarnedShare(OptimizerShare):
     def _clean_versions(self, st: StepState) -> list[int] | None:
         """The version of each tensor's .grad (-1: none), if the step showed the standard
         loop's facts for every tensor of the share, else None."""
-        if st.backwards != 1 or st.in_closure:
-            return None  # accumulation, a GAN's second pass, a closure
+        if st.backwards != 1 or st.in_closure or st.rewritten:
+            return None  # accumulation, a GAN's second pass, a closure, an unscaled .grad
         ks = self.layout.ks
         if any(k in st.carried or k in st.total_norms for k in ks):
             return None  # landed on an old .grad, or .grad rewrote / stale at the step

@@ -28,6 +28,7 @@ import torch
 from .buckets import Buckets, Layout
 from .kernels import exact_norm, max_abs
 from .shards import is_sharded, local
+from .skips import reset_probe
 from .step_state import StepState
 
 _GRAD_AND_FLAG = operator.attrgetter("grad", "requires_grad")
@@ -107,6 +108,8 @@ class BackwardHooks:
         if not st.backward_queued:
             if not st.touched:
                 obs.progress("backward")
+                if st.used[k]:  # reached before in this step: was .grad zeroed since?
+                    st.resets[st.backwards] = reset_probe(local(obs.tensors[k].grad))
             st.backward_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
         st.touched.add(k)
@@ -159,6 +162,7 @@ class BackwardHooks:
         fresh = [own.get(k) for k in range(obs.n)]
         _measure_fresh(st, obs.everything, list(map(local, fresh)) if obs.sharded else fresh,
                        obs.zero_grad_expected)
+        st.backward_marks.append(len(st.fresh_norms))  # where this backward's norms end
         st.on_grad[on_grad] = True  # measured on .grad itself: reusable at optimizer time
         if not obs.loop.grads_untouched_until_step:
             st.grad_versions.update((k, (own[k], own[k]._version)) for k in on_grad)
@@ -212,12 +216,14 @@ def _measure_fresh(st: StepState, layout: Layout, grads: list, zero_expected: se
     st.fresh_grads.append((layout, grads))
 
 
-def resolve_fresh(st: StepState, values: np.ndarray, zero_checked: dict, n: int):
+def resolve_fresh(st: StepState, values: np.ndarray, zero_checked: dict, n: int,
+                  stale: np.ndarray | None = None):
     """(grad_norm, nonfinite, zero_now) per tensor from the read-back norms `values`.
 
     Exact at the edges: 0 only when every element is 0, non-finite only when an element is;
     the float32 norm decides all other tensors. `zero_now`: tensors whose gradient was exactly
-    zero, expected to be zero again next step.
+    zero, expected to be zero again next step. `stale`: mask over `values` of norms measured
+    by a backward whose optimizer step was skipped (`skips.merged_skips`): not `nonfinite`.
     """
     grad_norm = np.full(n, np.nan)
     nonfinite = np.zeros(n, dtype=bool)
@@ -228,13 +234,14 @@ def resolve_fresh(st: StepState, values: np.ndarray, zero_checked: dict, n: int)
         _, first = np.unique(fresh[::-1], return_index=True)
         last = len(fresh) - 1 - first
         fresh, l2 = fresh[last], l2[last]
+        stale = None if stale is None else stale[last]
     zero_now = set()
     for j in np.flatnonzero(~(np.isfinite(l2) & (l2 > 0))):
         k = int(fresh[j])
         g = _fresh_grad(st, k)
         mx = zero_checked[k] if k in zero_checked else float(max_abs(g))
         if not np.isfinite(mx):  # a NaN or Inf element: the norm stays NaN or inf
-            nonfinite[k] = True
+            nonfinite[k] = stale is None or not stale[j]
         else:
             l2[j] = 0.0 if mx == 0 else exact_norm(g)
             if l2[j] == 0:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from .shards import placement, refuse_flat_parameters
@@ -25,6 +26,19 @@ class Inventory:
     @property
     def names(self) -> list[str]:
         return [row["name"] for row in self.rows]
+
+    def held_by(self, n_optimizers: int) -> list[np.ndarray]:
+        """Per optimizer, the indices of the tensors it holds (in any of its groups)."""
+        return [np.array([k for k, row in enumerate(self.rows)
+                          if any(o == i for o, _ in row["memberships"])], dtype=np.int64)
+                for i in range(n_optimizers)]
+
+    def lr_slots(self) -> tuple[list[tuple[int, int]], np.ndarray]:
+        """The (optimizer, group) pairs whose lr is read, and each tensor's index among them
+        (-1: held by no optimizer)."""
+        slots = sorted({g for g in self.first_group if g is not None})
+        return slots, np.array([-1 if g is None else slots.index(g) for g in self.first_group],
+                               dtype=np.int64)
 
 
 def take_inventory(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> Inventory:

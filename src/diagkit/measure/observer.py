@@ -29,8 +29,10 @@ from .gradients import resolve_fresh
 from .inventory import Inventory, group_lr
 from .kernels import checksum, norms
 from .probes import make_probe
-from .readback import Pending
-from .shards import ShardCombiner, is_sharded, local
+from . import rewrites
+from .readback import Pending, as_float
+from .shards import local, measured_parts
+from .skips import Holdings, merged_skips
 from .step_records import StepRecords
 from .step_state import LoopFacts, StepState
 from .strategy_plan import plan_strategies
@@ -45,6 +47,8 @@ class Observer:
     running the steps guarantees (`LoopFacts`; nothing by default). `step_ends`: the caller
     also calls `step_ended(i)` as each optimizer step returns (its post-hook), so a backward
     inside `optimizer.step(closure)` can be told apart from one after the step.
+    An optimizer whose step pre-hook never fires in a step (a loss scaler's skip) marks its
+    tensors `skipped`; skips inside a longer step are counted (`diagkit.measure.skips`).
     """
 
     def __init__(self, inventory: Inventory, optimizers: list[torch.optim.Optimizer], *,
@@ -62,18 +66,11 @@ class Observer:
         self.zero_grad_expected: set[int] = set()  # exactly-zero fresh gradients last step
         self._handles: list = []
         self.records = StepRecords(inventory.names, checksums)
-        # The tensors each optimizer holds, and each tensor's (optimizer, group) lr slot.
-        self._held_by = [np.array([k for k, row in enumerate(inventory.rows)
-                                   if any(o == i for o, _ in row["memberships"])], dtype=np.int64)
-                         for i in range(len(optimizers))]
-        self._lr_slots = sorted({g for g in inventory.first_group if g is not None})
-        self._slot_of = np.array([-1 if g is None else self._lr_slots.index(g)
-                                  for g in inventory.first_group], dtype=np.int64)
+        self._held_by = inventory.held_by(len(optimizers))
+        self._lr_slots, self._slot_of = inventory.lr_slots()
         held = {int(k) for ks in self._held_by for k in ks}
         # What is measured of each tensor: itself, or this rank's shard of a DTensor (FSDP2).
-        self.shards = ShardCombiner(self.tensors)
-        self.sharded = any(map(is_sharded, self.tensors))
-        self.local = [local(t) for t in self.tensors] if self.sharded else self.tensors
+        self.shards, self.sharded, self.local = measured_parts(self.tensors)
         self.probe = make_probe(delta, self.local, {k for k, t in enumerate(self.tensors)
                                                     if not t.requires_grad or k not in held},
                                 sample)
@@ -82,6 +79,9 @@ class Observer:
         plan = plan_strategies(self, self._held_by, self._handles)
         self._strategies, self._earned, self._read_by = plan.strategies, plan.earned, plan.read_by
         self.dropped: list[tuple[int, str]] = []  # (step, why) of steps not recorded
+        self.holdings = Holdings(self._held_by, n)
+        # Optimizer steps skipped in the observed steps (a loss scaler's; `diagkit.measure.skips`).
+        self.skipped_optimizer_steps = 0
         self._all = np.arange(n)
 
     # ----------------------------------------------------------------- lifecycle
@@ -127,7 +127,8 @@ class Observer:
     # ----------------------------------------------------------------- steps
     def begin_step(self, step: int | None = None, consecutive: bool = False) -> None:
         """Start observing a step. `consecutive`: nothing ran since the last `end_step`."""
-        self.state = StepState.begin(len(self.records) if step is None else step, self.n)
+        self.state = StepState.begin(len(self.records) if step is None else step, self.n,
+                                     len(self.optimizers))
         self.stepping = None
         self.probe.begin(consecutive=consecutive)
         self.active = True
@@ -148,12 +149,16 @@ class Observer:
         pending, keys = self._queue(st, loss)
         got = pending.read()
         delta, changed, ratio = self.probe.resolve(got)
+        merged, stale = merged_skips(st, got["fresh_l2"], got["resets"])
         grad_norm, nonfinite, self.zero_grad_expected = resolve_fresh(
-            st, got["fresh_l2"], dict(zip(keys["fresh_zero"], got["fresh_zero"])), self.n)
+            st, got["fresh_l2"], dict(zip(keys["fresh_zero"], got["fresh_zero"])), self.n,
+            stale)
+        skipping = self.holdings.skipping(st)
         grad_total = np.full(self.n, np.nan)
         grad_total[keys["grad_l2"]] = got["grad_l2"]
         same = np.concatenate(st.total_is_fresh) if st.total_is_fresh else self._all[:0]
         grad_total[same] = grad_norm[same]
+        st.rewritten = rewrites.correct(st, got["rewrites"], grad_norm, grad_total, same)
         carried_grad = np.zeros(self.n, dtype=bool)
         carried_grad[keys["carried"]] = got["carried"] != 0  # NaN != 0: a NaN .grad is carried
         if self.shards:  # every rank, every step: the whole tensors' values from the shards'
@@ -168,16 +173,20 @@ class Observer:
             return False
         for share in self._earned:
             share.judge_step(st)
+        # A step some optimizer skipped counts its skips; a merged skip is one a later
+        # iteration of the same step ran on from (the watch's steps, which every optimizer took).
+        self.skipped_optimizer_steps += int(skipping.sum()) if skipping.any() else merged
         self.records.add(st.index, {
             "requires_grad": st.requires_grad, "used": st.used, "grad_norm": grad_norm,
             "grad_total_norm": grad_total, "carried_grad": carried_grad, "delta_norm": delta,
             "update_ratio": ratio, "changed": changed, "lr": st.lr, "nonfinite": nonfinite,
+            "skipped": self.holdings.skipped(st, skipping),
             **({"checksum": got["checksum"]} if self.checksums else {})})
         st.release()
         if keys["scalar_loss"]:
             self.losses.append(float(got["loss"][0]))
         elif loss is not None:
-            self.losses.append(_as_float(loss))
+            self.losses.append(as_float(loss))
         self.progress("end")
         return True
 
@@ -195,6 +204,8 @@ class Observer:
             pending.add("fresh_zero", [st.fresh_zero[k] for k in keys["fresh_zero"]])
             pending.add("grad_l2", [st.total_norms[k] for k in keys["grad_l2"]])
             pending.add("carried", [st.carried[k] for k in keys["carried"]])
+            pending.add("resets", [v for v in st.resets.values() if v is not None])
+            pending.add("rewrites", rewrites.queued(st))
             pending.add("checksum", [checksum(t) for t in self.local] if self.checksums else [])
             # The loss rides along with the step's one read-back instead of its own sync.
             pending.add("loss", [loss.detach().reshape(()).float()] if keys["scalar_loss"]
@@ -207,6 +218,7 @@ class Observer:
 
         def hook(*_args):
             if self.active:
+                self.state.stepped[i] = True
                 if self.step_ends:
                     self.stepping = i
                 for strategy in strategies:
@@ -257,6 +269,8 @@ class Observer:
                 g, version = st.grad_versions[ks[j]]
                 reusable[j] = tensors[ks[j]].grad is g and g._version == version
         st.total_is_fresh.append(idx[reusable])
+        if not untouched:  # a version the unscaling kernel did not bump: look at a few again
+            rewrites.queue(st, idx[reusable], tensors)
         todo = idx[has_grad & ~reusable].tolist()
         grads = [tensors[k].grad for k in todo]
         with torch.no_grad():  # a DTensor's .grad: measured through this rank's shard of it
@@ -278,11 +292,3 @@ class Observer:
         """The rows of one recorded step (what a watchdog writes out as the run goes)."""
         return self.records.one(step)
 
-
-def _as_float(loss) -> float:
-    try:
-        if isinstance(loss, torch.Tensor):
-            return float(loss.detach().float().item())
-        return float(loss)
-    except (TypeError, ValueError, RuntimeError):
-        return math.nan

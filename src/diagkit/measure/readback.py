@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -86,3 +88,14 @@ def _to_host(pieces: list[torch.Tensor]) -> np.ndarray:
     if len({p.dtype for p in pieces}) > 1:
         pieces = [p.to(torch.float64) for p in pieces]
     return torch.cat(pieces).cpu().numpy().astype(np.float64)
+
+
+def as_float(loss) -> float:
+    """A loss the step returned that did not ride along with the read-back (not a one-element
+    tensor), as a float: NaN if it is none."""
+    try:
+        if isinstance(loss, torch.Tensor):
+            return float(loss.detach().float().item())
+        return float(loss)
+    except (TypeError, ValueError, RuntimeError):
+        return math.nan

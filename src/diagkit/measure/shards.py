@@ -83,6 +83,13 @@ def reduce_dims(t) -> tuple[int, ...]:
     return tuple(dims)
 
 
+def measured_parts(tensors: list) -> tuple["ShardCombiner", bool, list]:
+    """(the combiner of the sharded tensors, whether any is a DTensor, what is measured of each
+    tensor: itself, or this rank's part of it)."""
+    sharded = any(map(is_sharded, tensors))
+    return ShardCombiner(tensors), sharded, [local(t) for t in tensors] if sharded else tensors
+
+
 # The per-tensor values that are combined, in the order of the all-reduced vector.
 _SUMMED = ("delta", "value", "grad", "total", "checksum")
 _FLAGS = ("changed", "used", "nonfinite", "carried", "has_total")

@@ -66,6 +66,14 @@ class StepState:
     on_grad: np.ndarray | None = None
     # k -> (.grad object, its version) when measured: reusable at optimizer time if unchanged.
     grad_versions: dict[int, tuple[torch.Tensor, int]] = dataclasses.field(default_factory=dict)
+    # Per optimizer: its step pre-hook fired during the step (False: skipped, e.g. a loss scaler).
+    stepped: np.ndarray | None = None
+    # len(fresh_norms) as each hooked backward ended: where each backward's norms end.
+    backward_marks: list[int] = dataclasses.field(default_factory=list)
+    # Hooked backward (by index) -> what it found in the .grad of a tensor an earlier backward
+    # of the step reached: None (reset to None), or max |.grad| over its first elements (0:
+    # zeroed in place). Either way a new iteration of the loop (zero_grad) began in between.
+    resets: dict[int, torch.Tensor | None] = dataclasses.field(default_factory=dict)
     # Backward passes that reached a hooked tensor, and whether one ran inside step(closure).
     backwards: int = 0
     in_closure: bool = False
@@ -75,12 +83,17 @@ class StepState:
     total_norms: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
     # Index arrays of tensors whose .grad norm is their fresh norm (nothing rewrote .grad).
     total_is_fresh: list[np.ndarray] = dataclasses.field(default_factory=list)
+    # (reused, probed, norms): .grad norms taken again at optimizer time (`measure.rewrites`),
+    # and whether one showed .grad rewritten in place without a version bump.
+    rewrite_probes: list = dataclasses.field(default_factory=list)
+    rewritten: bool = False
 
     @classmethod
-    def begin(cls, index: int, n: int) -> "StepState":
+    def begin(cls, index: int, n: int, n_optimizers: int = 0) -> "StepState":
         return cls(index=index, used=np.zeros(n, dtype=bool), read=np.zeros(n, dtype=bool),
                    requires_grad=np.zeros(n, dtype=bool), lr=np.full(n, math.nan),
-                   on_grad=np.zeros(n, dtype=bool))
+                   on_grad=np.zeros(n, dtype=bool),
+                   stepped=np.zeros(n_optimizers, dtype=bool))
 
     def forget_reads(self, ks: np.ndarray) -> None:
         """Read `ks` again: a backward inside an optimizer's `step(closure)` (Lightning, LBFGS)

@@ -155,6 +155,8 @@ class Watch:
             traceback=error[1])
         meta = self._meta()
         meta["dropped_steps"] = [{"step": i, "why": why} for i, why in self.observer.dropped]
+        # A step a loss scaler skipped ran on into the next one taken (`measure.skips`).
+        meta["skipped_optimizer_steps"] = self.observer.skipped_optimizer_steps
         if self.channel is not None:
             self.channel.finish({"failure": failure, "observed": self.clock.observed,
                                  "optimizer_steps": self.clock.count})
