@@ -195,7 +195,8 @@ def test_dcp_optimizer_state_loads_as_from_one_file(tmp_path):
         reports.append(load_checkpoint(fresh, path, optimizers=[fresh_opt]))
         opts.append((fresh, fresh_opt))
     assert same_report(*reports) and reports[1].optimizer["loaded"]
-    assert sorted(reports[1].optimizer["with_state"]) == sorted(n for n, _ in net().named_parameters())
+    names = sorted(n for n, _ in net().named_parameters())
+    assert sorted(reports[1].optimizer["with_state"]) == names
     (m1, o1), (m2, o2) = opts
     for p1, p2 in zip(m1.parameters(), m2.parameters()):
         assert torch.equal(p1, p2)

@@ -14,7 +14,8 @@ import math
 import pandas as pd
 
 # dtype as the params table writes it -> (short name, eps: the ulp of 1.0, torch.finfo's)
-LOW_PRECISION = {"torch.bfloat16": ("bfloat16", 2.0 ** -7), "torch.float16": ("float16", 2.0 ** -10)}
+LOW_PRECISION = {"torch.bfloat16": ("bfloat16", 2.0 ** -7),
+                 "torch.float16": ("float16", 2.0 ** -10)}
 
 
 def rounded_away(group: pd.DataFrame) -> pd.DataFrame:

@@ -1,5 +1,6 @@
 """Loading a checkpoint (of any kind: `checkpoint_kind`) into the model by name (the `module.`
-prefix tolerated on either side), and its optimizer state into a matching optimizer; a `LoadReport` says what happened."""
+prefix tolerated on either side), and its optimizer state into a matching optimizer; a
+`LoadReport` says what happened."""
 
 from __future__ import annotations
 

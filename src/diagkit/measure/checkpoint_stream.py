@@ -1,8 +1,9 @@
 """Checkpoint files read lazily, a slice at a time, for comparing two of them without holding
-either in memory, and whole, for loading one into a model (`pieces`: one piece, the file): a PyTorch zip checkpoint memory-mapped (`torch.load(..., mmap=True)` through
-`read_checkpoint`, so bad files get its one-line errors), a `.safetensors` file one key at a
-time; the mapped pages of a measured slice are handed back to the kernel. (A legacy, non-zip
-`.pt` file cannot be mapped and is loaded whole.)"""
+either in memory, and whole, for loading one into a model (`pieces`: one piece, the file): a
+PyTorch zip checkpoint memory-mapped (`torch.load(..., mmap=True)` through `read_checkpoint`,
+so bad files get its one-line errors), a `.safetensors` file one key at a time; the mapped
+pages of a measured slice are handed back to the kernel. (A legacy, non-zip `.pt` file cannot
+be mapped and is loaded whole.)"""
 
 from __future__ import annotations
 

@@ -165,7 +165,8 @@ def _diagnose_target(args):
     for option in ("json", "save"):
         check_output(getattr(args, option, None), f"--{option}")
     kwargs = _parse_target_args(args.arg)
-    check_meta_options(args.meta, nproc=args.nproc, checkpoint=args.checkpoint, label=_flag)
+    check_meta_options(args.meta, nproc=args.nproc, checkpoint=args.checkpoint,
+                       label="--{}".format)
     _precheck_target(args.target, kwargs, args.checkpoint)
     from .api import run_target
     from .pipeline import judge_observation
@@ -174,10 +175,6 @@ def _diagnose_target(args):
                           trust_checkpoint=args.trust_checkpoint, nproc=args.nproc,
                           timeout=args.timeout or DEFAULTS["timeout"], delta=args.delta,
                           every=args.every, meta=args.meta)
-
-
-def _flag(name: str) -> str:
-    return f"--{name}"
 
 
 def _check(args) -> int:
@@ -211,7 +208,7 @@ def _report(args) -> int:
     check_output(args.out, "--out")
     kwargs = _parse_target_args(args.arg or [])
     check_meta_options(bool(args.meta), nproc=args.nproc or DEFAULTS["nproc"],
-                       checkpoint=args.checkpoint, label=_flag)
+                       checkpoint=args.checkpoint, label="--{}".format)
     _precheck_target(args.target, kwargs, args.checkpoint)
     params = {"target": args.target, "target_args": kwargs, "checkpoint": args.checkpoint or "",
               "trust_checkpoint": bool(args.trust_checkpoint)}
