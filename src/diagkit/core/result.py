@@ -25,7 +25,12 @@ _FORMAT_VERSION = 1
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    """One verdict (or run-level problem) over one module subtree, with a fix to paste."""
+    """One verdict (or run-level problem) over one module subtree, with a fix to paste.
+
+    `source`: for a finding about optimizer membership, where the groups concerned were built,
+    one dict per group: {"optimizer", "group", "class", "file", "line", "lines", "how",
+    "call_line"} (empty when diagkit did not see the optimizer built; see the README).
+    """
 
     code: str
     severity: str
@@ -35,15 +40,19 @@ class Finding:
     module: str = ""
     count: int = 0
     bytes: int = 0
+    source: tuple[dict, ...] = dataclasses.field(default=(), hash=False)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["params"] = list(self.params)
+        d["source"] = [dict(s) for s in self.source]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Finding":
-        return cls(**{**d, "params": tuple(d.get("params", ()))})
+        """Also reads a finding saved before `source` existed (it then has none)."""
+        return cls(**{**d, "params": tuple(d.get("params", ())),
+                      "source": tuple(dict(s) for s in d.get("source") or ())})
 
 
 def worst_severity(findings) -> str | None:

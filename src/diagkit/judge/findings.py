@@ -16,6 +16,7 @@ from ..core import severity
 from ..core.format import human_bytes
 from ..core.result import Finding, StepFailure
 from ..measure.aggregate import fold_ranks
+from .sources import finding_sources
 from .verdicts import VERDICTS
 from .wording import subject
 
@@ -23,10 +24,10 @@ _DDP_REDUCTION_ERROR = "Expected to have finished reduction"  # DDP's refusal of
 
 
 def build_findings(params: pd.DataFrame, steps: pd.DataFrame, check_errors=(),
-                   failure: StepFailure | None = None, extra=()) -> list[Finding]:
+                   failure: StepFailure | None = None, extra=(), sources=()) -> list[Finding]:
     """Every finding of a run: DDP's own refusal of unused tensors first, then worst first the
     step that failed, the rules that crashed, one per verdict per subtree, and `extra` (a
-    checkpoint's)."""
+    checkpoint's). `sources`: where each optimizer group was built (`judge.sources`)."""
     findings = _failure_findings(failure, check_errors)
     verdicts = params["verdicts"]
     steps = fold_ranks(steps)
@@ -41,7 +42,8 @@ def build_findings(params: pd.DataFrame, steps: pd.DataFrame, check_errors=(),
             message, fix = explain(label, group, steps)
             findings.append(Finding(code, v.severity, tuple(group["name"]), message, fix,
                                     module=label, count=len(group),
-                                    bytes=int(group["bytes"].sum())))
+                                    bytes=int(group["bytes"].sum()),
+                                    source=finding_sources(code, group, params, sources)))
     # DDP's refusal is why the run stopped: it leads, before the sorted rest.
     return _ddp_findings(params, failure) + sort_findings(findings + list(extra))
 

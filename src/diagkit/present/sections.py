@@ -13,6 +13,7 @@ import pandas as pd
 from ..core import severity
 from ..core.format import human_bytes
 from ..judge.verdicts import bytes_per_verdict, severity_of
+from .source import source_html
 
 _LEFT = "text-align:left;vertical-align:top"
 
@@ -114,7 +115,8 @@ def findings_table(findings) -> str:
             f"<td style='text-align:right;vertical-align:top'>{int(f.count or 0)}</td>"
             f"<td style='text-align:right;vertical-align:top;white-space:nowrap'>"
             f"{human_bytes(int(f.bytes or 0))}</td><td style='{_LEFT}'>{_prose(f.message)}</td>"
-            f"<td style='{_LEFT};overflow-wrap:anywhere'>{_fix_html(f.fix)}</td></tr>")
+            f"<td style='{_LEFT};overflow-wrap:anywhere'>{_fix_html(f.fix)}"
+            f"{source_html(getattr(f, 'source', ()))}</td></tr>")
     # Inline styles: the notebook's own CSS right-aligns table cells and would win over a class.
     head = "".join(f"<th style='{_LEFT}'>{h}</th>" for h in
                    ("severity", "verdict", "where", "tensors", "bytes", "finding", "fix"))

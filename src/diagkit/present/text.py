@@ -9,6 +9,7 @@ from ..core import severity
 from ..core.format import human_bytes
 from ..judge.verdicts import bytes_per_verdict
 from .sections import not_measured_line
+from .source import source_text
 
 
 def _severity_summary(findings) -> str:
@@ -49,6 +50,7 @@ def render_findings(diag, width: int = 100) -> str:
         lines += textwrap.wrap(f.message, width, initial_indent=indent, subsequent_indent=indent)
         lines += textwrap.wrap("fix: " + f.fix, width, initial_indent=indent,
                                subsequent_indent=indent + "     ", break_on_hyphens=False)
+        lines += source_text(getattr(f, "source", ()), indent)
     if diag.checkpoint:
         lines.append("")
         lines += textwrap.wrap(diag.checkpoint.get("summary", ""), width,

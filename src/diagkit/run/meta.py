@@ -70,7 +70,9 @@ def observe_meta(setup: Setup):
             "loop": "train_step" if setup.train_step is not None else "standard",
             "losses": [], "seconds": round(time.perf_counter() - started, 4),
             "torch": torch.__version__, "restored": True, "delta": "off", "every": 1,
-            "batch_on_meta": loss}
+            "batch_on_meta": loss,
+            **({"optimizer_sources": setup.optimizer_sources} if setup.optimizer_sources
+               else {})}
     steps = seen.steps_table() if failure is None else seen.steps_table().iloc[:0]
     return Observation(inventory.rows, steps, failure, meta)
 

@@ -77,6 +77,7 @@ def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
         "delta": delta,
         "every": every,
         **({"sample": sample} if delta != "exact" else {}),
+        **({"optimizer_sources": setup.optimizer_sources} if setup.optimizer_sources else {}),
     }
     return Observation(inventory.rows, observer.steps_table(), failure, meta)
 
@@ -133,7 +134,8 @@ def judge_observation(obs: Observation, *, checkpoint: LoadReport | None = None,
     observed = int(obs.steps["step"].nunique()) if len(obs.steps) else 0
     return Diagnosis(
         params=params, steps=obs.steps,
-        findings=build_findings(params, obs.steps, check_errors, obs.failure, extra),
+        findings=build_findings(params, obs.steps, check_errors, obs.failure, extra,
+                                sources=obs.meta.get("optimizer_sources", ())),
         advice=build_advice(params, obs.steps, ddp=ddp, cost=cost), failure=obs.failure,
         meta={**obs.meta, "steps_observed": observed,
               **({"not_measured": not_measured_on_meta()} if on_meta else {})},

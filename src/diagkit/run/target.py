@@ -20,6 +20,7 @@ import torch
 
 from ..core.errors import TargetError
 from ..core.options import positive_int
+from ..measure.provenance import record_optimizer_sources, sources_for
 from . import deadline
 
 _KEYS = ("model", "optimizer", "optimizers", "batch_fn", "loss_fn", "train_step", "steps",
@@ -43,6 +44,8 @@ class Setup:
     steps: int | None = None
     zero_grad_set_to_none: bool = True
     lr_scheduler: Any = None
+    # Where each optimizer group was built (`measure.provenance`), when diagkit saw it built.
+    optimizer_sources: list = dataclasses.field(default_factory=list, repr=False)
 
     def __post_init__(self, optimizer=None):
         if optimizer is not None:
@@ -126,14 +129,18 @@ def load_target(spec: str, **kwargs) -> Setup:
 
     A file target's folder is importable while the file is imported and its function runs, as
     under `python path/to/file.py`, so `import helpers` finds the helpers.py next to it.
+    Meanwhile every optimizer group built is recorded with the user's line that built it
+    (`Setup.optimizer_sources`; the patches come off when the build ends, however it ends).
     """
     deadline.mark("building")  # under --timeout, the run's clock starts here
     try:
-        with target_folder_importable(spec):
+        with target_folder_importable(spec), record_optimizer_sources() as recorder:
             fn = resolve_target(spec)
             check_kwargs(fn, spec, kwargs)
             result = _build(fn, spec, kwargs)
-        return Setup.from_mapping(result, origin=f"target {spec!r}")
+        setup = Setup.from_mapping(result, origin=f"target {spec!r}")
+        setup.optimizer_sources = sources_for(recorder, setup.optimizers)
+        return setup
     except BaseException:
         deadline.finish()  # no run follows: nothing left to time out
         raise

@@ -1,0 +1,56 @@
+"""Which optimizer groups' construction a finding points at (`Finding.source`).
+
+The records come as data (`meta["optimizer_sources"]`, made by `measure.provenance` while the
+target was built): one per (optimizer, group), with the file, line and the lines that built it.
+A finding about optimizer membership gets the records of the groups concerned; an `orphan`,
+held by no group, gets the groups that hold its nearest neighbours in the model (else every
+group): where the optimizer was built, so that the filter that left it out is in sight.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+# Verdicts about which optimizer group holds a tensor (stalled: only from an lr of 0).
+MEMBERSHIP = ("orphan", "frozen_in_optimizer", "in_multiple_optimizers", "not_in_model",
+              "decay_on_norm_or_bias", "stalled")
+MAX_SOURCES = 4  # groups shown per finding
+
+
+def finding_sources(code: str, group: pd.DataFrame, params: pd.DataFrame,
+                    sources) -> tuple[dict, ...]:
+    """The source records for one finding (its tensors' rows in `group`), or ()."""
+    if not sources or code not in MEMBERSHIP:
+        return ()
+    if code == "stalled":
+        lrs = group["lr"].dropna().tolist()
+        if not lrs or any(lr != 0 for lr in lrs):
+            return ()
+    pairs = (_neighbour_pairs(group, params) if code == "orphan"
+             else _pairs(group["memberships"]))
+    by_pair = {(int(s["optimizer"]), int(s["group"])): s for s in sources}
+    chosen = [by_pair[p] for p in sorted(pairs) if p in by_pair]
+    if code == "orphan" and not chosen:
+        chosen = [by_pair[p] for p in sorted(by_pair)]
+    return tuple(dict(s) for s in chosen[:MAX_SOURCES])
+
+
+def _pairs(memberships) -> set[tuple[int, int]]:
+    return {(int(o), int(g)) for pairs in memberships for o, g in (pairs if pairs is not None
+                                                                    else ())}
+
+
+def _neighbour_pairs(group: pd.DataFrame, params: pd.DataFrame) -> set[tuple[int, int]]:
+    """The groups holding the tensors nearest the orphans: under their deepest module that
+    has any tensor in an optimizer (the root holds every group)."""
+    held = params[params["memberships"].map(lambda p: p is not None and len(p) > 0)]
+    found: set[tuple[int, int]] = set()
+    for module in set(group["module"]):
+        parts = module.split(".") if module else []
+        for depth in range(len(parts), 0, -1):
+            prefix = ".".join(parts[:depth])
+            near = held[held["module"].map(lambda m, p=prefix: m == p or m.startswith(p + "."))]
+            if len(near):
+                found |= _pairs(near["memberships"])
+                break
+    return found

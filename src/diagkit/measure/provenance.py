@@ -1,0 +1,209 @@
+"""Where the user's code built each optimizer and each of its param groups.
+
+`record_optimizer_sources()` patches `torch.optim.Optimizer.__init__` and `add_param_group` for
+the duration of a target's build only (always restored, even when the build raises). Each group
+added is noted with the user's frame: the innermost frame outside torch and diagkit (diagkit's
+demos count as user code). The lines kept are the group's own construction: the group's
+element of the list passed (`{"params": [...], ...}`), or, when a name is passed, the statement
+in the same function that assigned that name (found with `ast`), else the call's statement.
+
+`watch_sources(frame, n)`: for `diagkit.watch`, where the optimizers already exist, the same
+search started from the caller's `watch(...)` statement (the optimizer argument's name is
+resolved to its assignment in the caller's function). The records are plain JSON-able dicts:
+{"optimizer", "group", "class", "file", "line", "lines", "how"}.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import linecache
+import os
+import sys
+import textwrap
+
+import torch
+
+MAX_LINES = 8  # lines kept per group; a longer construction is cut with "..."
+_TORCH = os.path.dirname(torch.__file__) + os.sep
+_DIAGKIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_DEMOS = os.path.join(_DIAGKIT, "demos") + os.sep
+
+
+class _Recorder:
+    """The groups added while recording: (optimizer object, group index, class, frame facts)."""
+
+    def __init__(self):
+        self.added: list[tuple[object, int, dict]] = []
+
+
+_active: list[_Recorder] = []
+
+
+@contextlib.contextmanager
+def record_optimizer_sources():
+    """Note the user's frame of every param group added meanwhile; yields the recorder, whose
+    `sources(optimizers)` gives the records for the optimizers the build returned."""
+    recorder = _Recorder()
+    base = torch.optim.Optimizer
+    orig_init, orig_add = base.__init__, base.add_param_group
+
+    def add_param_group(self, param_group):
+        index = len(getattr(self, "param_groups", ()))
+        if _active:
+            with contextlib.suppress(Exception):  # provenance is an extra: never break a build
+                site = _user_site(sys._getframe(1))
+                if site is not None:
+                    _active[-1].added.append((self, index, site))
+        return orig_add(self, param_group)
+
+    def __init__(self, *args, **kwargs):  # noqa: N807 - the patched constructor
+        return orig_init(self, *args, **kwargs)
+
+    base.__init__, base.add_param_group = __init__, add_param_group
+    _active.append(recorder)
+    try:
+        yield recorder
+    finally:
+        _active.remove(recorder)
+        base.__init__, base.add_param_group = orig_init, orig_add
+
+
+def sources_for(recorder: _Recorder, optimizers) -> list[dict]:
+    """The records of the groups of `optimizers` (by identity, in the order diagkit numbers
+    them), the latest note of each group winning."""
+    found: dict[tuple[int, int], dict] = {}
+    for opt, group, site in recorder.added:
+        for i, mine in enumerate(optimizers):
+            if mine is opt:
+                found[(i, group)] = {"optimizer": i, "group": group,
+                                     "class": type(opt).__name__, **_group_lines(site, group)}
+    return [found[k] for k in sorted(found)]
+
+
+def watch_sources(frame, optimizers) -> list[dict]:
+    """For `watch`: each group's construction, found from the caller's `watch(model, opt)`
+    statement by the optimizer argument's name; [] when the caller is not user code."""
+    site = _user_site(frame)
+    if site is None:
+        return []
+    records = []
+    with contextlib.suppress(Exception):
+        tree, stmt, func = _statement(site["file"], site["line"])
+        call = _outer_call(stmt)
+        arg = call.args[1] if call is not None and len(call.args) > 1 else None
+        for i, opt in enumerate(optimizers):
+            node = arg.elts[i] if isinstance(arg, (ast.List, ast.Tuple)) else arg
+            built = _assignment(func or tree, node, stmt.lineno) if node is not None else None
+            for j in range(len(opt.param_groups)):
+                rec = {"optimizer": i, "group": j, "class": type(opt).__name__}
+                if built is not None and _outer_call(built) is not None:
+                    rec.update(_from_call(site["file"], func or tree, built, j, "watch"))
+                else:
+                    rec.update(_lines(site["file"], stmt, "watch_call"))
+                records.append(rec)
+    return records
+
+
+def _user_site(frame) -> dict | None:
+    """The innermost frame outside torch, diagkit (its demos excepted) and installed
+    packages: its file and current line."""
+    while frame is not None:
+        file = os.path.abspath(frame.f_code.co_filename)
+        ours = file.startswith(_DIAGKIT) and not file.startswith(_DEMOS)
+        installed = "site-packages" in file or "dist-packages" in file
+        if not (file.startswith(_TORCH) or ours or installed or file.startswith("<")):
+            return {"file": file, "line": frame.f_lineno}
+        frame = frame.f_back
+    return None
+
+
+def _group_lines(site: dict, group: int) -> dict:
+    """The lines that built group `group`, from the call at `site`; the call's line alone when
+    its source cannot be parsed."""
+    try:
+        tree, stmt, func = _statement(site["file"], site["line"])
+        return _from_call(site["file"], func or tree, stmt, group, "call")
+    except Exception:  # no source (an exec'd string, an edited file): the bare location
+        text = linecache.getline(site["file"], site["line"]).strip()
+        return {"file": site["file"], "line": site["line"], "lines": [text] if text else [],
+                "how": "call"}
+
+
+def _from_call(file: str, scope, stmt, group: int, how: str) -> dict:
+    """Group `group` of the optimizer call in `stmt`: its element of a literal list of groups
+    (and the statement that made the list it names), or the statement assigning the name
+    passed; else the whole statement."""
+    call = _outer_call(stmt)
+    params = call.args[0] if call is not None and call.args else None
+    if params is None and call is not None:
+        params = next((k.value for k in call.keywords if k.arg in ("params", "param_group")),
+                      None)
+    node = None
+    if isinstance(params, (ast.List, ast.Tuple)) and params.elts and all(
+            isinstance(e, ast.Dict) for e in params.elts):
+        node = params.elts[group] if group < len(params.elts) else None
+    elif isinstance(params, ast.Dict) or group == 0:
+        node = params
+    if isinstance(node, ast.Dict):
+        value = next((v for k, v in zip(node.keys, node.values)
+                      if isinstance(k, ast.Constant) and k.value == "params"), None)
+        made = _assignment(scope, value, stmt.lineno)
+        found = (_lines(file, made, "assigned", also=node) if made is not None
+                 else _lines(file, node, how))
+        return {**found, "call_line": stmt.lineno}
+    made = _assignment(scope, node, stmt.lineno)
+    found = (_lines(file, made, "assigned", also=stmt) if made is not None
+             else _lines(file, stmt, how))
+    return {**found, "call_line": stmt.lineno}
+
+
+def _statement(file: str, line: int):
+    """(module tree, innermost statement holding `line`, its enclosing function or None)."""
+    tree = ast.parse("".join(linecache.getlines(file)))
+    holding = [n for n in ast.walk(tree)
+               if isinstance(n, ast.stmt) and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    if not holding:
+        raise ValueError(f"no statement at {file}:{line}")
+    best = min(holding, key=lambda n: (n.end_lineno - n.lineno, -n.lineno))
+    funcs = [n for n in holding if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return tree, best, max(funcs, key=lambda n: n.lineno) if funcs else None
+
+
+def _outer_call(stmt):
+    """The outermost call of a statement (`opt = AdamW(...)`, `opt.add_param_group(...)`)."""
+    value = getattr(stmt, "value", None)
+    if isinstance(stmt, ast.Call):
+        return stmt
+    if isinstance(value, ast.Call):
+        return value
+    return next((n for n in ast.walk(stmt) if isinstance(n, ast.Call)), None)
+
+
+def _assignment(scope, node, before: int):
+    """The last statement in `scope` before line `before` that assigned the name `node` (an
+    `ast.Name`), or None."""
+    if not isinstance(node, ast.Name):
+        return None
+    best = None
+    for stmt in ast.walk(scope):
+        targets = (stmt.targets if isinstance(stmt, ast.Assign) else
+                   [stmt.target] if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) else [])
+        if getattr(stmt, "lineno", 0) < before and any(
+                isinstance(t, ast.Name) and t.id == node.id for t in targets):
+            if best is None or stmt.lineno > best.lineno:
+                best = stmt
+    return best
+
+
+def _lines(file: str, node, how: str, also=None) -> dict:
+    """The node's source lines, dedented, at most MAX_LINES (`also`: a second node shown
+    after it, e.g. the group dict or the call that used the assigned name)."""
+    lines: list[str] = []
+    for span in [node] + ([also] if also is not None else []):
+        chunk = "\n".join(linecache.getline(file, n).rstrip("\n")
+                          for n in range(span.lineno, (span.end_lineno or span.lineno) + 1))
+        lines += textwrap.dedent(chunk).splitlines()
+    if len(lines) > MAX_LINES:
+        lines = lines[:MAX_LINES - 1] + ["..."]
+    return {"file": file, "line": node.lineno, "lines": lines, "how": how}

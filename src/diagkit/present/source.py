@@ -1,0 +1,50 @@
+"""Where an optimizer group was built (`Finding.source`), for the terminal and for HTML.
+
+One wording for both: "AdamW group 0, built at path/file.py:103" then the lines that built it.
+Source lines are user code, so in HTML every one is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+
+_HOW = {"call": "built at", "assigned": "its tensors listed at",
+        "watch": "built at (found from the watch(...) call)",
+        "watch_call": "built before diagkit.watch(...), handed over at"}
+
+
+def short_path(file: str) -> str:
+    """The path relative to the working folder when it lies inside it, else as recorded."""
+    try:
+        rel = os.path.relpath(file)
+    except ValueError:  # another drive
+        return file
+    return file if rel.startswith("..") else rel
+
+
+def source_label(s: dict) -> str:
+    """'optimizer 0 group 0 (AdamW), built at src/x.py:103'."""
+    where = f"{short_path(str(s.get('file', '?')))}:{s.get('line', '?')}"
+    return (f"optimizer {s.get('optimizer')} group {s.get('group')} ({s.get('class', '?')}), "
+            f"{_HOW.get(s.get('how'), 'built at')} {where}")
+
+
+def source_text(sources, indent: str) -> list[str]:
+    """The terminal lines: the label, then the source lines indented below it."""
+    lines = []
+    for s in sources or ():
+        lines.append(f"{indent}{source_label(s)}:")
+        lines += [f"{indent}  | {line}" for line in s.get("lines") or ()]
+    return lines
+
+
+def source_html(sources) -> str:
+    """Each group's label and its lines as a code block (escaped); '' without sources."""
+    if not sources:
+        return ""
+    esc = html.escape
+    parts = [f'<div class="diagkit-source"><div style="margin-top:4px">{esc(source_label(s))}'
+             f'</div><pre style="margin:2px 0;white-space:pre-wrap">'
+             f'{esc(chr(10).join(s.get("lines") or ()))}</pre></div>' for s in sources]
+    return "".join(parts)
