@@ -83,38 +83,38 @@ def sources_for(recorder: _Recorder, optimizers) -> list[dict]:
 
 def watch_sources(frame, optimizers) -> list[dict]:
     """For `watch`: each group's construction, found from the caller's `watch(model, opt)`
-    statement by the optimizer argument's name; [] when the caller is not user code."""
-    site = _user_site(frame)
-    if site is None:
-        return []
-    records = []
-    with contextlib.suppress(Exception):
+    statement (`frame`: the frame that called watch) by the optimizer argument's name, its
+    assignment in the caller's function; that statement itself when the name is not assigned
+    there. [] when the caller is not user code (an integration's callback: no user line)."""
+    site = _user_site(frame, walk=False)
+    records: list[dict] = []
+    with contextlib.suppress(Exception):  # an extra: a watch never fails for want of it
         tree, stmt, func = _statement(site["file"], site["line"])
         call = _outer_call(stmt)
-        arg = call.args[1] if call is not None and len(call.args) > 1 else None
+        arg = call.args[1] if len(call.args) > 1 else next(
+            (k.value for k in call.keywords if k.arg == "optimizer_or_list"), None)
         for i, opt in enumerate(optimizers):
             node = arg.elts[i] if isinstance(arg, (ast.List, ast.Tuple)) else arg
-            built = _assignment(func or tree, node, stmt.lineno) if node is not None else None
+            built = _assignment(func or tree, node, stmt.lineno)
             for j in range(len(opt.param_groups)):
                 rec = {"optimizer": i, "group": j, "class": type(opt).__name__}
-                if built is not None and _outer_call(built) is not None:
-                    rec.update(_from_call(site["file"], func or tree, built, j, "watch"))
-                else:
-                    rec.update(_lines(site["file"], stmt, "watch_call"))
+                rec.update(_from_call(site["file"], func or tree, built, j, "watch")
+                           if built is not None and _outer_call(built) is not None
+                           else _lines(site["file"], stmt, "watch_call"))
                 records.append(rec)
     return records
 
 
-def _user_site(frame) -> dict | None:
+def _user_site(frame, walk: bool = True) -> dict | None:
     """The innermost frame outside torch, diagkit (its demos excepted) and installed
-    packages: its file and current line."""
+    packages: its file and current line (`walk=False`: `frame` itself, or None)."""
     while frame is not None:
         file = os.path.abspath(frame.f_code.co_filename)
         ours = file.startswith(_DIAGKIT) and not file.startswith(_DEMOS)
         installed = "site-packages" in file or "dist-packages" in file
         if not (file.startswith(_TORCH) or ours or installed or file.startswith("<")):
             return {"file": file, "line": frame.f_lineno}
-        frame = frame.f_back
+        frame = frame.f_back if walk else None
     return None
 
 

@@ -14,6 +14,7 @@ does changes training: it only reads tensors, never writes them, and never raise
 from __future__ import annotations
 
 import atexit
+import sys
 import time
 import warnings
 import weakref
@@ -28,6 +29,7 @@ from ..core.result import Diagnosis, StepFailure
 from ..measure.ddp_facts import ddp_facts
 from ..measure.inventory import take_inventory
 from ..measure.observer import Observer
+from ..measure.provenance import watch_sources
 from ..measure.step_clock import StepClock
 from ..measure.step_state import LoopFacts
 from ..measure.unwrap import unwrap_model, unwrap_optimizers
@@ -48,9 +50,12 @@ def watch(model, optimizer_or_list, *, steps: int = DEFAULTS["watch_steps"],
     to (`diagkit.load`); under a process group only rank 0 writes it. `report`: also render the
     HTML report into `out/report/` at the end (a notebook kernel runs for some seconds then).
     `timeout`: seconds rank 0 waits at the end for the other ranks' observations.
+    The optimizers exist already: where their groups were built is read from the caller's
+    `watch(...)` statement (`measure.provenance.watch_sources`).
     """
     return Watch(model, optimizer_or_list, steps=steps, every=every, delta=delta,
-                 sample=sample, out=out, report=report, timeout=timeout)
+                 sample=sample, out=out, report=report, timeout=timeout,
+                 caller=sys._getframe(1))
 
 
 def check_watch_options(*, steps, every, delta, sample, out, report, timeout) -> None:
@@ -71,7 +76,7 @@ class Watch:
     `stop()` ends it early; as a context manager it ends at the block's exit."""
 
     def __init__(self, model, optimizer_or_list, *, steps, every, delta, sample, out, report,
-                 timeout):
+                 timeout, caller=None):
         check_watch_options(steps=steps, every=every, delta=delta, sample=sample, out=out,
                             report=report, timeout=timeout)
         self.report = bool(report)
@@ -79,6 +84,7 @@ class Watch:
         optimizers = unwrap_optimizers(optimizer_or_list)
         self.out = None if out is None else Path(out)
         self.inventory = take_inventory(inner, optimizers)
+        self.sources = watch_sources(caller, optimizers) if caller is not None else []
         if not self.inventory.tensors:
             raise DiagkitError("the model has no parameters and the optimizers hold none: "
                                "nothing to watch")
@@ -183,7 +189,8 @@ class Watch:
                 "every": self.every, "optimizer_steps": self.clock.count,
                 "wrappers": self.wrappers, "losses": [], "restored": False,
                 "seconds": round(time.perf_counter() - self._started, 4),
-                "torch": torch.__version__}
+                "torch": torch.__version__,
+                **({"optimizer_sources": self.sources} if self.sources else {})}
 
     def _save(self) -> None:
         if self.out is None:
