@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import linecache
 import os
 import sys
@@ -106,13 +107,12 @@ def watch_sources(frame, optimizers) -> list[dict]:
 
 
 def _user_site(frame, walk: bool = True) -> dict | None:
-    """The innermost frame outside torch, diagkit (its demos excepted) and installed
-    packages: its file and current line (`walk=False`: `frame` itself, or None)."""
+    """The innermost frame outside torch and diagkit (diagkit's demos count as user code, also
+    when installed): its file and current line (`walk=False`: `frame` itself, or None)."""
     while frame is not None:
         file = os.path.abspath(frame.f_code.co_filename)
         ours = file.startswith(_DIAGKIT) and not file.startswith(_DEMOS)
-        installed = "site-packages" in file or "dist-packages" in file
-        if not (file.startswith(_TORCH) or ours or installed or file.startswith("<")):
+        if not (file.startswith(_TORCH) or ours or file.startswith("<")):
             return {"file": file, "line": frame.f_lineno}
         frame = frame.f_back if walk else None
     return None
@@ -160,7 +160,7 @@ def _from_call(file: str, scope, stmt, group: int, how: str) -> dict:
 
 def _statement(file: str, line: int):
     """(module tree, innermost statement holding `line`, its enclosing function or None)."""
-    tree = ast.parse("".join(linecache.getlines(file)))
+    tree = _parse("".join(linecache.getlines(file)))
     holding = [n for n in ast.walk(tree)
                if isinstance(n, ast.stmt) and n.lineno <= line <= (n.end_lineno or n.lineno)]
     if not holding:
@@ -168,6 +168,12 @@ def _statement(file: str, line: int):
     best = min(holding, key=lambda n: (n.end_lineno - n.lineno, -n.lineno))
     funcs = [n for n in holding if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     return tree, best, max(funcs, key=lambda n: n.lineno) if funcs else None
+
+
+@functools.lru_cache(maxsize=16)
+def _parse(source: str) -> ast.Module:
+    """One parse per source file, however many groups it built (the tree is only read)."""
+    return ast.parse(source)
 
 
 def _outer_call(stmt):
