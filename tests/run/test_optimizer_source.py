@@ -217,3 +217,21 @@ def test_saved_diagnosis_keeps_the_source_and_an_older_one_loads(meta, tmp_path)
     old = diagkit.load(tmp_path / "old")
     assert _orphan(old).source == ()
     assert FILTER not in render_findings(old) and "orphan" in render_findings(old)
+
+
+class _OwnGroups(torch.optim.SGD):
+    """An optimizer whose add_param_group never calls the base's."""
+
+    def add_param_group(self, param_group):
+        param_group.setdefault("lr", self.defaults["lr"])
+        param_group["params"] = list(param_group["params"])
+        self.param_groups.append({**self.defaults, **param_group})
+
+
+def test_an_optimizer_that_skips_the_base_add_param_group_gets_its_constructor_line():
+    model = torch.nn.Linear(3, 1)
+    with provenance.record_optimizer_sources() as recorder:
+        opt = _OwnGroups(model.parameters(), lr=0.1)  # MARK-own
+    [source] = provenance.sources_for(recorder, [opt])
+    assert (source["optimizer"], source["group"], source["class"]) == (0, 0, "_OwnGroups")
+    assert "MARK-own" in source["lines"][-1]

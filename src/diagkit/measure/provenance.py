@@ -49,17 +49,26 @@ def record_optimizer_sources():
     base = torch.optim.Optimizer
     orig_init, orig_add = base.__init__, base.add_param_group
 
-    def add_param_group(self, param_group):
-        index = len(getattr(self, "param_groups", ()))
+    def note(opt, index: int, frame) -> None:
         if _active:
             with contextlib.suppress(Exception):  # provenance is an extra: never break a build
-                site = _user_site(sys._getframe(1))
+                site = _user_site(frame)
                 if site is not None:
-                    _active[-1].added.append((self, index, site))
+                    _active[-1].added.append((opt, index, site))
+
+    def add_param_group(self, param_group):
+        note(self, len(getattr(self, "param_groups", ())), sys._getframe(1))
         return orig_add(self, param_group)
 
     def __init__(self, *args, **kwargs):  # noqa: N807 - the patched constructor
-        return orig_init(self, *args, **kwargs)
+        """A subclass whose own add_param_group skips the base's: its groups get the
+        constructor's line."""
+        result = orig_init(self, *args, **kwargs)
+        seen = {j for opt, j, _ in (_active[-1].added if _active else ()) if opt is self}
+        for j in range(len(getattr(self, "param_groups", ()))):
+            if j not in seen:
+                note(self, j, sys._getframe(1))
+        return result
 
     base.__init__, base.add_param_group = __init__, add_param_group
     _active.append(recorder)
