@@ -32,7 +32,8 @@ _DEMOS = os.path.join(_DIAGKIT, "demos") + os.sep
 
 
 class _Recorder:
-    """The groups added while recording: (optimizer object, group index, class, frame facts)."""
+    """The groups added while recording: (optimizer, group index, the user's file and line).
+    Optimizers are held only while the build lasts (the recorder goes with it)."""
 
     def __init__(self):
         self.added: list[tuple[object, int, dict]] = []
@@ -43,8 +44,8 @@ _active: list[_Recorder] = []
 
 @contextlib.contextmanager
 def record_optimizer_sources():
-    """Note the user's frame of every param group added meanwhile; yields the recorder, whose
-    `sources(optimizers)` gives the records for the optimizers the build returned."""
+    """Note the user's frame of every param group added meanwhile; yields the recorder, which
+    `sources_for(recorder, optimizers)` turns into the records of the optimizers returned."""
     recorder = _Recorder()
     base = torch.optim.Optimizer
     orig_init, orig_add = base.__init__, base.add_param_group
