@@ -52,6 +52,17 @@ TWO_OPTIMIZERS = textwrap.dedent('''
                 "loss_fn": lambda m, x: m(x).pow(2).mean()}
 
 
+    def shared():
+        torch.manual_seed(0)
+        model = Net()
+        model.enc.requires_grad_(False)
+        opt_a = torch.optim.SGD(model.parameters(), lr=0.1)  # MARK-all
+        opt_b = torch.optim.Adam(model.head.parameters(), lr=0.1)  # MARK-again
+        return {"model": model, "optimizers": [opt_a, opt_b], "steps": 2,
+                "batch_fn": lambda: torch.randn(8, 4),
+                "loss_fn": lambda m, x: m(x).pow(2).mean()}
+
+
     def raises():
         model = Net()
         torch.optim.SGD(model.parameters(), lr=0.1)
@@ -132,6 +143,18 @@ def test_findings_point_at_their_own_group(two_file):
              for f in diag.findings if f.code == "decay_on_norm_or_bias"}
     assert decay == {"norm": [(0, 1)], "enc.bias": [(0, 0)]}  # each in its own group
     assert "MARK-still" in render_findings(diag)
+
+
+def test_frozen_and_shared_tensors_point_at_every_group_that_holds_them(two_file):
+    diag = diagkit.diagnose(diagkit.load_target(f"{two_file}:shared"))
+    by_code = {f.code: f for f in diag.findings}
+    frozen = by_code["frozen_in_optimizer"]
+    assert [(s["optimizer"], s["group"]) for s in frozen.source] == [(0, 0)]
+    assert "MARK-all" in frozen.source[0]["lines"][0]
+    twice = by_code["in_multiple_optimizers"]
+    assert [(s["optimizer"], s["group"], s["class"]) for s in twice.source] == [
+        (0, 0, "SGD"), (1, 0, "Adam")]
+    assert "MARK-again" in twice.source[1]["lines"][0]
 
 
 def test_patches_are_removed_after_the_build_even_when_the_target_raises(two_file):
