@@ -12,9 +12,15 @@ from ..core.format import human_bytes
 
 def _arrow(row) -> str:
     after = ", ".join(row["after"])
+    return f"{row['code']} -> {after}{_note(row)}"
+
+
+def _note(row) -> str:
+    """Why a row is not plainly fixed: no automatic fix, or a fix that did not help."""
     if not row["automatic"]:
-        return f"{row['code']} -> {after} (no automatic fix)"
-    return f"{row['code']} -> {after}" + ("" if row["helped"] else " (did not help)")
+        return " (no automatic fix; gone with the other fixes)" if row["helped"] else \
+            " (no automatic fix)"
+    return "" if row["helped"] else " (did not help)"
 
 
 def summary_lines(preview) -> list[str]:
@@ -79,9 +85,7 @@ def preview_html(preview) -> str:
         f"<tr><td>{esc(r['code'])}</td><td><code>{esc(r['module'])}</code></td>"
         f"<td>{esc(r['applied'])}</td><td>{esc(r['code'])}</td>"
         f"<td style='color:{'#1a7f37' if r['helped'] else '#b42318'}'>"
-        f"{esc(', '.join(r['after']))}"
-        f"{'' if r['helped'] else (' (did not help)' if r['automatic'] else ' (no automatic fix)')}"
-        f"</td></tr>" for r in preview.rows)
+        f"{esc(', '.join(r['after']) + _note(r))}</td></tr>" for r in preview.rows)
     notes = "".join(f"<li>{esc(line)}</li>" for line in summary_lines(preview))
     return (f"<div class='diagkit-try-fix'><h3>Fix preview: {esc(preview.target)}</h3>"
             "<p>Each finding's fix, tried on a fresh copy of the setup (your objects are "

@@ -53,7 +53,8 @@ def _neighbour_group(params, names) -> tuple[int, int]:
     modules = set(params.loc[params["name"].isin(names), "module"])
     siblings = params[params["module"].isin(modules) & ~params["name"].isin(names)]
     pairs = Counter(tuple(p) for ms in siblings["memberships"] for p in ms[:1])
-    return pairs.most_common(1)[0][0] if pairs else (0, 0)
+    best = pairs.most_common(1)[0][0] if pairs else (0, 0)
+    return int(best[0]), int(best[1])
 
 
 def apply_plan(setup, plan: dict) -> list[dict]:
@@ -72,6 +73,25 @@ def apply_plan(setup, plan: dict) -> list[dict]:
             fix["applied"] = _APPLY[fix["action"]](setup.optimizers, found, fix)
         done.append(fix)
     return done
+
+
+def fix_for_ranks(setup, plan: dict):
+    """Under --nproc, in one rank: the plan applied to this rank's fresh copy. The target's own
+    DDP is rebuilt around its module after the fixes (DDP fixes the tensors it reduces when it
+    is built), with `find_unused_parameters=False` where the advice allows it, else its own.
+    Returns (the setup to observe, the fixes applied)."""
+    import dataclasses
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    applied = apply_plan(setup, plan)
+    if isinstance(setup.model, DDP):
+        fup = plan.get("find_unused_parameters")
+        old = setup.model
+        rebuilt = DDP(old.module, find_unused_parameters=bool(
+            old.find_unused_parameters if fup is None else fup))
+        del old
+        setup = dataclasses.replace(setup, model=rebuilt)
+    return setup, applied
 
 
 def _by_name(setup) -> dict[str, torch.Tensor]:

@@ -123,14 +123,23 @@ def _preview(target, before, after, fixes, plan, step_time) -> FixPreview:
         if fix["code"] not in VERDICTS and fix["code"] in after_codes:
             verdicts = (fix["code"], *verdicts)  # a run-level finding (DDP's refusal) again
         after_of = verdicts or (("ok",) if seen or not fix["names"] else ("gone",))
-        rows.append({**fix, "after": after_of, "helped": fix["code"] not in after_of,
-                     "automatic": fix["action"] != "none"})
+        rows.append({**fix, "after": after_of, "automatic": fix["action"] != "none",
+                     "helped": fix["code"] not in after_of
+                     and not set(after_of) - _verdicts_of(before, fix["names"]) - {"gone"}})
     before_of = {(r["code"], n) for r in rows for n in r["names"]}
     new = [f for f in after.findings
            if not any((f.code, n) in before_of for n in f.params)
            and not (not f.params and f.code in {r["code"] for r in rows})]
     return FixPreview(target=target, before=before, after=after, rows=rows, new=new,
                       step_time=step_time, find_unused_parameters=plan["find_unused_parameters"])
+
+
+def _verdicts_of(diag, names) -> set[str]:
+    """The verdicts `names` had in `diag` ("ok" among them): a verdict a fix brings that was
+    not there before (an orphan put into a group whose lr is 0 is then `stalled`) means the
+    fix did not help."""
+    p = diag.params
+    return {"ok"} | {v for vs in p.loc[p["name"].isin(names), "verdicts"] for v in vs}
 
 
 def command(args) -> int:
