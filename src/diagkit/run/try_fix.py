@@ -154,7 +154,8 @@ def command(args) -> int:
     from .cli_run import bounded, parse_target_args, precheck_target
     for option in ("json", "save"):
         check_output(getattr(args, option, None), f"--{option}")
-    check_try_fix_options(True, meta=args.meta, checkpoint=args.checkpoint, label="--{}".format)
+    check_try_fix_options(True, meta=args.meta, checkpoint=args.checkpoint,
+                          label=lambda name: "--" + name.replace("_", "-"))
     kwargs = parse_target_args(args.arg)
     precheck_target(args.target, kwargs, None)
     with bounded(args):
