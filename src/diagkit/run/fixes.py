@@ -186,7 +186,8 @@ def state_slots(optimizer, group: dict) -> int | None:
     """Per-element optimizer-state tensors of `optimizer`'s type with `group`'s settings, as
     torch's optimizers allocate them on their first step (None: a type not known here).
     Adam/AdamW: exp_avg + exp_avg_sq (+ max_exp_avg_sq with amsgrad); SGD: a momentum buffer
-    when momentum > 0; RMSprop: square_avg (+ momentum_buffer, + grad_avg when centered)."""
+    when momentum > 0; RMSprop: square_avg (+ momentum_buffer, + grad_avg when centered).
+    Scalar state (a step count) is left out: it does not grow with the tensor."""
     name = type(optimizer).__name__
     if name in ("Adam", "AdamW"):
         return 2 + int(bool(group.get("amsgrad")))
@@ -196,8 +197,10 @@ def state_slots(optimizer, group: dict) -> int | None:
         return int(bool(group.get("momentum")))
     if name == "RMSprop":
         return 1 + int(bool(group.get("momentum"))) + int(bool(group.get("centered")))
-    if name in ("Adagrad", "Rprop", "ASGD"):
-        return 1 if name == "Adagrad" else 2
+    if name in ("Adagrad", "ASGD"):  # sum; ax
+        return 1
+    if name == "Rprop":  # prev, step_size
+        return 2
     return None
 
 
