@@ -79,3 +79,15 @@ def test_try_fix_nproc_2_shows_the_two_step_times():
     assert "every finding is ok after the fixes" in preview
     line = next(x for x in preview.splitlines() if x.startswith("step time:"))
     assert "with find_unused_parameters=True (old) vs" in line and "with False (fixed)" in line
+
+
+def test_try_fix_rebuilds_the_targets_own_ddp():
+    """ddp_strict: the target's own DDP(find_unused_parameters=False) stops on a dead head.
+    Fixed, the head is frozen and the DDP rebuilt around the module: the run completes."""
+    from diagkit.run.try_fix import try_fixes
+    p = try_fixes("diagkit.demos:ddp_strict", nproc=2, steps=3)
+    assert p.before.failure is not None and p.after.failure is None
+    rows = {r["code"]: r for r in p.rows}
+    assert rows["ddp_unused_parameters"]["helped"] and rows["unused"]["helped"]
+    assert p.after.meta["find_unused_parameters"] is False
+    assert not p.after.findings and p.all_ok
