@@ -104,10 +104,15 @@ def _by_name(setup) -> dict[str, torch.Tensor]:
     return out
 
 
-def _holders(optimizers, tensor) -> list[tuple[int, int]]:
-    """(optimizer, group) pairs holding `tensor`, by identity, in order."""
-    return [(i, j) for i, opt in enumerate(optimizers) for j, g in enumerate(opt.param_groups)
-            if any(p is tensor for p in g["params"])]
+def _holders(optimizers) -> dict[int, list[tuple[int, int]]]:
+    """id(tensor) -> the (optimizer, group) pairs holding it, by identity, in order (one pass
+    over every group: a fix touches thousands of biases at once)."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for i, opt in enumerate(optimizers):
+        for j, group in enumerate(opt.param_groups):
+            for p in group["params"]:
+                out.setdefault(id(p), []).append((i, j))
+    return out
 
 
 def _drop(optimizers, tensors, fix, keep: set | None = None) -> int:
@@ -155,26 +160,29 @@ def _drop_only(optimizers, tensors, fix) -> str:
 
 def _no_decay(optimizers, tensors, fix) -> str:
     """Out of their groups into one new group per source group: same settings, no decay."""
-    moved = Counter()
+    held = _holders(optimizers)
+    moving: dict[tuple[int, int], list] = {}
     for t in tensors:
-        for i, j in _holders(optimizers, t)[:1]:
-            moved[(i, j)] += 1
-    for (i, j) in moved:
-        opt = optimizers[i]
-        source = opt.param_groups[j]
-        mine = [t for t in tensors if _holders(optimizers, t)[:1] == [(i, j)]]
-        source["params"] = [p for p in source["params"] if all(p is not t for t in mine)]
-        opt.add_param_group({"params": mine, **{k: v for k, v in source.items()
-                                                if k != "params"}, "weight_decay": 0.0})
+        for pair in held.get(id(t), [])[:1]:
+            moving.setdefault(pair, []).append(t)
+    for (i, j), mine in moving.items():
+        source = optimizers[i].param_groups[j]
+        ids = {id(t) for t in mine}
+        source["params"] = [p for p in source["params"] if id(p) not in ids]
+        optimizers[i].add_param_group({"params": mine, **{k: v for k, v in source.items()
+                                                          if k != "params"},
+                                       "weight_decay": 0.0})
     return "moved to a no-decay group (same lr, weight_decay 0)"
 
 
 def _keep_first(optimizers, tensors, fix) -> str:
-    firsts = {_holders(optimizers, t)[0][0] for t in tensors if _holders(optimizers, t)}
+    held = _holders(optimizers)
+    firsts = set()
     for t in tensors:
-        holders = _holders(optimizers, t)
-        if holders:
-            _drop(optimizers, [t], fix, keep={holders[0][0]})
+        if held.get(id(t)):
+            first = held[id(t)][0][0]
+            firsts.add(first)
+            _drop(optimizers, [t], fix, keep={first})
     return f"kept in optimizer {', '.join(map(str, sorted(firsts)))} only"
 
 
