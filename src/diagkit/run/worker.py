@@ -123,7 +123,8 @@ def _wrap(setup, find_unused_parameters: bool = True):
     observed, not fatal (False: --try-fix's fixed run, where the advice allows it). The
     standard loop's loss_fn runs inside DDP's forward and still gets the target's own model
     (`loop.through_ddp`); the model observed is the target's, under the names its code saw.
-    The last batches drawn are kept for `_measure_cost` to replay. (A train_step closes over its own model: the DDP built here only reports DDP's facts.)
+    The last batches drawn are kept for `_measure_cost` to replay. (A train_step closes over
+    its own model: the DDP built here only reports DDP's facts.)
 
     Returns (the setup to observe, the DDP, the deque of drawn batches or None)."""
     from .loop import through_ddp
