@@ -91,3 +91,15 @@ def test_try_fix_rebuilds_the_targets_own_ddp():
     assert rows["ddp_unused_parameters"]["helped"] and rows["unused"]["helped"]
     assert p.after.meta["find_unused_parameters"] is False
     assert not p.after.findings and p.all_ok
+
+
+def test_try_fix_in_one_process_under_timeout(capsys):
+    """--timeout bounds each of the two runs (each build starts its clock)."""
+    assert main(["check", "diagkit.demos:meta_memory", "--try-fix", "--timeout", "120"]) == 0
+    assert "every finding is ok after the fixes" in capsys.readouterr().out
+
+
+def test_report_from_a_saved_diagnosis_refuses_try_fix(capsys, tmp_path):
+    code = main(["report", "--from", str(tmp_path), "--out", str(tmp_path / "o"), "--try-fix"])
+    assert code == 2
+    assert "--try-fix: only for running a TARGET" in capsys.readouterr().err
