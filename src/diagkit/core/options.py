@@ -37,6 +37,9 @@ HELP = {
     "meta": "build the target on the meta device and run one forward and backward: the "
             "wiring verdicts with no parameter memory; verdicts that need values are reported "
             "as not measured",
+    "try_fix": "also apply each finding's fix to a fresh copy of the setup in memory, rerun "
+               "the same steps and show the verdicts before -> after (exit code: the fixed "
+               "run's)",
 }
 
 
@@ -104,6 +107,19 @@ def check_meta_options(meta: bool, *, nproc=DEFAULTS["nproc"], checkpoint=None,
     if checkpoint:
         raise DiagkitError(f"{label('meta')}: a meta tensor holds no values, so no checkpoint "
                            f"can be loaded into it ({label('checkpoint')} {checkpoint})")
+
+
+def check_try_fix_options(try_fix: bool, *, meta=False, checkpoint=None, label=str) -> None:
+    """What a fix preview cannot combine with, refused in one line before any work: it fixes
+    a run's wiring, which a meta pass or a checkpoint loaded first does not change."""
+    if not isinstance(try_fix, bool):
+        raise DiagkitError(f"{label('try_fix')} must be True or False, got {try_fix!r}")
+    if try_fix and meta:
+        raise DiagkitError(f"{label('try_fix')} reruns real steps: it cannot be combined with "
+                           f"{label('meta')}")
+    if try_fix and checkpoint:
+        raise DiagkitError(f"{label('try_fix')} builds fresh copies of the target: it cannot "
+                           f"be combined with {label('checkpoint')} {checkpoint}")
 
 
 def check_run_options(*, steps=None, delta=DEFAULTS["delta"], every=DEFAULTS["every"],

@@ -23,7 +23,8 @@ EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 # What only running a target uses (dest -> flag): refused with `report --from DIR`.
 _RUN_ONLY = {"arg": "--arg", "steps": "--steps", "delta": "--delta", "every": "--every",
              "checkpoint": "--checkpoint", "trust_checkpoint": "--trust-checkpoint",
-             "nproc": "--nproc", "timeout": "--timeout", "meta": "--meta"}
+             "nproc": "--nproc", "timeout": "--timeout", "meta": "--meta",
+             "try_fix": "--try-fix"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -101,6 +102,7 @@ def _target_options(p: argparse.ArgumentParser, target_nargs=None) -> None:
                    help=f"{HELP['timeout']} (default: none in one process, "
                         f"{DEFAULTS['timeout']} s with --nproc)")
     p.add_argument("--meta", action="store_true", default=DEFAULTS["meta"], help=HELP["meta"])
+    p.add_argument("--try-fix", action="store_true", help=HELP["try_fix"])
     p.add_argument("--fail-on", choices=severity.FAIL_ON, default=DEFAULTS["fail_on"],
                    help="exit 1 when a finding is at or above this severity (default: error)")
 
@@ -148,16 +150,11 @@ def _run(argv) -> int:
     if args.command is None:
         raise DiagkitError("missing command: use 'diagkit check TARGET' or 'diagkit demo' "
                            "(see 'diagkit --help')")
-    if args.command == "check":
-        return _check(args)
-    if args.command == "report":
-        return _report(args)
-    if args.command == "compare":
-        return _compare(args)
     if args.command == "notebooks":
         from .shipped_notebooks import command
         return command(args)
-    return _demo(args)
+    return {"check": _check, "report": _report, "compare": _compare, "demo": _demo
+            }[args.command](args)
 
 
 def _diagnose_target(args):
@@ -178,6 +175,9 @@ def _diagnose_target(args):
 
 
 def _check(args) -> int:
+    if args.try_fix:  # the fix preview (`run.try_fix`)
+        from .try_fix import command
+        return command(args)
     diag = _diagnose_target(args)
     _check_outputs(args, diag)
     if diag.meta.get("timed_out"):  # the steps before it are judged and written: still exit 2
@@ -214,8 +214,8 @@ def _report(args) -> int:
               "trust_checkpoint": bool(args.trust_checkpoint)}
     # only what was given: the rest keep the notebook's defaults (no --steps: the target's)
     params.update({name: getattr(args, name) for name in ("steps", "nproc", "timeout", "delta",
-                                                          "every", "meta") if getattr(args, name)
-                   is not None})
+                                                          "every", "meta", "try_fix")
+                   if getattr(args, name) is not None})
     from .report import write_report
     with _bounded(args):
         result = write_report(args.out, {args.target: params}, show_code=args.show_code,

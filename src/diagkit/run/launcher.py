@@ -31,11 +31,12 @@ def diagnose_distributed(target: str, target_args: dict | None = None, *, nproc:
                          steps: int | None = None, checkpoint: str | None = None,
                          trust_checkpoint: bool = False,
                          timeout: float = DEFAULTS["timeout"], measure_cost: bool = True,
-                         delta: str = DEFAULTS["delta"], every: int = DEFAULTS["every"]
-                         ) -> Diagnosis:
+                         delta: str = DEFAULTS["delta"], every: int = DEFAULTS["every"],
+                         fixes: dict | None = None) -> Diagnosis:
     """Diagnose `target` in `nproc` processes of one torch.distributed job (`timeout`: seconds
     for the whole run, setup included). `steps=None`: the target's own `steps`, else the
-    default, decided in each rank once the target is built (as in one process)."""
+    default, decided in each rank once the target is built (as in one process). `fixes`: a
+    `run.fixes` plan each rank applies to its copy right after building it (--try-fix)."""
     if nproc < 2:
         raise DiagkitError(f"nproc must be >= 2 for a distributed run, got {nproc}")
     check_run_options(steps=steps, delta=delta, every=every)  # one line here, not in N ranks
@@ -45,7 +46,8 @@ def diagnose_distributed(target: str, target_args: dict | None = None, *, nproc:
                 "delta": delta, "every": every, "steps": steps,
                 "checkpoint": checkpoint, "trust": trust_checkpoint,
                 # collectives wait longer than our deadline, so the deadline names the stuck rank
-                "collective_timeout": timeout + 60.0, "measure_cost": measure_cost}
+                "collective_timeout": timeout + 60.0, "measure_cost": measure_cost,
+                "fixes": fixes}
         (run_dir / "spec.json").write_text(json.dumps(spec))
         returncode, timed_out, log = _launch(run_dir, nproc, timeout)
         ranks = _rank_states(run_dir, nproc)

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..core.errors import DiagkitError
 from ..core.files import write_json_atomic
 from ..core.format import one_line
+from ..core.options import check_try_fix_options
 from ..core.schema import PARAMS_COLUMNS, STEPS_COLUMNS
 from . import contract
 from .paths import resolve_paths
@@ -32,12 +33,40 @@ def check_parameters(namespace: dict) -> dict:
             raise DiagkitError(f"set either target ({settings['target']!r}: run it) or "
                                f"diagnosis ({settings['diagnosis']!r}: load that saved run), "
                                "not both")
-    return resolve_paths(settings, {"checkpoint": "checkpoint", "diagnosis": "saved diagnosis"})
+    return resolve_paths(_check_try_fix(settings),
+                         {"checkpoint": "checkpoint", "diagnosis": "saved diagnosis"})
 
 
 def validate(values: dict) -> dict:
     """Parameters for a run of the diagnosis notebook, checked and completed with defaults."""
-    return contract.validate(values, contract.DIAGNOSE)
+    return _check_try_fix(contract.validate(values, contract.DIAGNOSE))
+
+
+def _check_try_fix(settings: dict) -> dict:
+    """`try_fix` needs a target to build again, and real steps: one line before any work."""
+    if settings.get("try_fix") and settings.get("diagnosis"):
+        raise DiagkitError("notebook parameter 'try_fix' needs a target to build again, not a "
+                           "saved diagnosis")
+    check_try_fix_options(settings.get("try_fix", False), meta=settings.get("meta", False),
+                          checkpoint=settings.get("checkpoint"),
+                          label=lambda name: f"notebook parameter {name!r}")
+    return settings
+
+
+def fix_preview_html(settings: dict) -> str:
+    """The notebook's fix-preview cell: with `try_fix`, each finding's fix tried on a fresh
+    copy of the target (`diagkit.run.try_fix`), as an escaped HTML table; else nothing.
+    The preview makes its own two runs (the target as it is, then fixed), so its "before" is
+    a run of its own, with the same target, arguments and steps as the run above."""
+    if not settings.get("try_fix"):
+        return ""
+    from ..present.fix_preview import preview_html
+    from .try_fix import try_fixes
+    with collected():
+        preview = try_fixes(settings["target"], settings["target_args"], steps=settings["steps"],
+                            nproc=settings["nproc"], timeout=settings["timeout"],
+                            delta=settings["delta"], every=settings["every"])
+    return preview_html(preview)
 
 
 def run(settings: dict):

@@ -88,9 +88,15 @@ def _run(spec: dict, rank: int, files: _RankFiles) -> int:
                                  optimizers=setup.optimizers)
         if rank == 0:
             files.write("checkpoint.json", json.dumps({"load": report.to_dict()}).encode())
+    plan, applied = spec.get("fixes"), None
+    if plan:  # --try-fix's fixed run: the plan applied to this rank's fresh copy
+        from .fixes import fix_for_ranks
+        setup, applied = fix_for_ranks(setup, plan)
     # FSDP2 reduces the gradients itself: a DDP around it would reduce them twice.
     wrapped_by_us = not isinstance(setup.model, DDP) and not any_sharded(setup.model)
-    observed, ddp, drawn = _wrap(setup) if wrapped_by_us else (
+    fup = True if not plan or plan.get("find_unused_parameters") is None else bool(
+        plan["find_unused_parameters"])
+    observed, ddp, drawn = _wrap(setup, fup) if wrapped_by_us else (
         setup, setup.model if isinstance(setup.model, DDP) else None, None)
     obs = observe(observed, spec["steps"], restore=False, checksums=True,
                   on_progress=files.progress, delta=spec.get("delta", "exact"),
@@ -100,7 +106,8 @@ def _run(spec: dict, rank: int, files: _RankFiles) -> int:
             **obs.meta, "backend": dist.get_backend(), "world_size": dist.get_world_size(),
             "wrapped_by_diagkit": wrapped_by_us,
             "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
-            "ddp": ddp_facts(ddp)}, default=str).encode())
+            "ddp": ddp_facts(ddp), **({"fixes_applied": applied} if plan else {})},
+            default=str).encode())
     failure = None if obs.failure is None else {
         "step": obs.failure.step, "error": obs.failure.error, "traceback": obs.failure.traceback}
     if failure is None and wrapped_by_us and spec.get("measure_cost"):
@@ -111,19 +118,20 @@ def _run(spec: dict, rank: int, files: _RankFiles) -> int:
     return 1 if failure else 0  # a failed step ends the job: torchrun stops the other ranks
 
 
-def _wrap(setup):
+def _wrap(setup, find_unused_parameters: bool = True):
     """Wrap the target's model in DDP(find_unused_parameters=True), so that unused tensors are
-    observed, not fatal. The standard loop's loss_fn runs inside DDP's forward and still gets
-    the target's own model (`loop.through_ddp`); the model observed is the target's, under the
-    names its code saw. The last batches drawn are kept for `_measure_cost` to replay.
-    (A train_step closes over its own model: the DDP built here only reports DDP's facts.)
+    observed, not fatal (False: --try-fix's fixed run, where the advice allows it). The
+    standard loop's loss_fn runs inside DDP's forward and still gets the target's own model
+    (`loop.through_ddp`); the model observed is the target's, under the names its code saw.
+    The last batches drawn are kept for `_measure_cost` to replay. (A train_step closes over
+    its own model: the DDP built here only reports DDP's facts.)
 
     Returns (the setup to observe, the DDP, the deque of drawn batches or None)."""
     from .loop import through_ddp
 
     if setup.train_step is not None:
-        return setup, DDP(setup.model, find_unused_parameters=True), None
-    observed, ddp = through_ddp(setup, find_unused_parameters=True)
+        return setup, DDP(setup.model, find_unused_parameters=find_unused_parameters), None
+    observed, ddp = through_ddp(setup, find_unused_parameters=find_unused_parameters)
     drawn = collections.deque(maxlen=_COST_STEPS)
 
     def batch_fn():
