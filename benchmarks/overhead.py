@@ -695,7 +695,7 @@ def main(argv=None) -> int:
                           ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in fc.items()), "-", "-"))
             gw = r["graph_walk"]
             lines.append((f"  graph walk for unregistered tensors, {kind} (in the first step)",
-                          f"{1e3 * gw['seconds_per_walk']:.2f} ms per walk, {gw['walks']} walks "
+                          f"{1e3 * gw['seconds_per_walk']:.2f} ms per walk (median), {gw['walks']} walks "
                           f"in {gw['observed_steps']} observed steps = "
                           f"{1e3 * gw['seconds_per_observed_step']:.3f} ms per observed step "
                           f"vs plain step {1e3 * r['plain_step_s']['median']:.1f} ms", "-", "-"))
