@@ -5,12 +5,11 @@ attribute, requires grad and receives gradients through the loss, yet `model.par
 `state_dict()`, the optimizer and DDP never see it. Only the autograd graph does: every leaf
 that receives a gradient is an `AccumulateGrad` node reachable from the loss.
 
-When the graph is walked (cost: one pass over its nodes): on the first observed step, and again
-only on a step whose set of used inventory tensors differs from the last walk's (a cheap
-signature of the graph: a data-dependent branch may bring new leaves). A step like the last
-one is not walked. The roots are the loss `end_step` is given (when it still has a `grad_fn`)
-and the outputs of the model's own forward calls during the step (a forward hook on the root
-module: how `watch`, which never sees the loss, finds them).
+The graph is walked (one pass over its nodes) on the first observed step, then only on a step
+whose set of used inventory tensors differs from the last walk's (a cheap signature of the
+graph: a data-dependent branch may bring new leaves). Its roots: the loss `end_step` is given
+(if it has a `grad_fn`) and the outputs of the model's forward calls during the step (a forward
+hook on the root module: how `watch`, which never sees the loss, finds them).
 
 Not counted: the inventory's tensors (the model's and the optimizers'), and tensors the
 model's forward is called with (its arguments: inputs, which may require grad on purpose, as
@@ -23,6 +22,7 @@ with its `.grad` norm as both norms, not carried, and no change measured (NaN, F
 
 from __future__ import annotations
 
+import itertools
 import time
 import types
 from collections.abc import Mapping
@@ -98,34 +98,16 @@ def find_paths(model: torch.nn.Module | None, wanted: set[int]) -> dict[int, tup
 
 
 def _join(a: str, b: str) -> str:
-    return f"{a}.{b}" if a and b else a or b
+    return f"{a}.{b}" if a and b else a or b  # a dotted path; '' is the root
 
 
-def _tensors_in(value, out: set[int], depth: int = 0) -> None:
-    """The ids of the tensors in a forward call's arguments (nested lists, tuples, dicts)."""
+def _nested_tensors(value, depth: int = 0):
+    """The tensors in a forward's arguments or output (nested lists, tuples, dicts, ModelOutput)."""
     if isinstance(value, torch.Tensor):
-        out.add(id(value))
-    elif depth < 3 and isinstance(value, Mapping):
-        for v in value.values():
-            _tensors_in(v, out, depth + 1)
-    elif depth < 3 and isinstance(value, (list, tuple)):
-        for v in value:
-            _tensors_in(v, out, depth + 1)
-
-
-def _grad_fns(value, out: list, depth: int = 0) -> None:
-    """The grad_fn of each tensor in a forward's output (a tensor, tuple, dict, ModelOutput)."""
-    if len(out) >= _ROOTS:
-        return
-    if isinstance(value, torch.Tensor):
-        if value.grad_fn is not None:
-            out.append(value.grad_fn)
-    elif depth < 2 and isinstance(value, Mapping):
-        for v in value.values():
-            _grad_fns(v, out, depth + 1)
-    elif depth < 2 and isinstance(value, (list, tuple)):
-        for v in value:
-            _grad_fns(v, out, depth + 1)
+        yield value
+    elif depth < 3 and isinstance(value, (Mapping, list, tuple)):
+        for v in (value.values() if isinstance(value, Mapping) else value):
+            yield from _nested_tensors(v, depth + 1)
 
 
 class Unregistered:
@@ -156,9 +138,10 @@ class Unregistered:
             handles.append(self.model.register_forward_hook(self._forward, with_kwargs=True))
 
     def _forward(self, _module, args, kwargs, output):
-        if self.active:
-            _tensors_in((args, kwargs), self._inputs)
-            _grad_fns(output, self._roots)
+        if self.active:  # arguments are inputs; the output's grad_fns are roots of the graph
+            self._inputs.update(id(t) for t in _nested_tensors((args, kwargs)))
+            outputs = itertools.islice(_nested_tensors(output), _ROOTS)
+            self._roots.extend(t.grad_fn for t in outputs if t.grad_fn is not None)
 
     def begin(self) -> None:
         """A step starts: what each known tensor and its .grad are before it."""
@@ -170,13 +153,14 @@ class Unregistered:
                                  t.grad.detach().clone()) for t in self.tensors]
 
     def abort(self) -> None:
+        """The step raised: nothing of it is recorded."""
         self.active, self._roots, self._before = False, [], []
 
     def end(self, step: int, loss, used) -> None:
         """A step ended: measure the known ones, walk the graph if it may have changed."""
         self.active = False
         found_before = len(self.tensors)
-        record = self._measure() if found_before else None
+        record = self._measure() if found_before else None  # the known ones, before the walk
         if isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
             self._roots.append(loss.grad_fn)
         signature = np.asarray(used, dtype=bool).tobytes()
