@@ -158,3 +158,16 @@ def test_meta_dry_run_finds_them_without_values():
     diag = run(model, device="meta")
     assert unregistered(diag) == set(CELLS)
     assert diag.params.set_index("name").loc[CELLS, "grad_norm"].isna().all()
+
+
+def test_a_buffer_that_requires_grad_is_named_by_its_buffer_path():
+    class Buffered(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.register_buffer("bank", torch.ones(4, requires_grad=True))
+
+        def forward(self, x):
+            return self.fc(x) * self.bank
+    diag = run(Buffered())
+    assert unregistered(diag) == {"bank"}

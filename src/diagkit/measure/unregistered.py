@@ -65,10 +65,11 @@ def find_paths(model: torch.nn.Module | None, wanted: set[int]) -> dict[int, tup
     def module(mod, path, depth):
         for sub_path, sub in mod.named_modules(remove_duplicate=False):
             where = _join(path, sub_path)
-            if path:  # an unregistered module: its own parameters are unregistered too
-                for key, p in sub._parameters.items():
-                    if p is not None and id(p) in wanted:
-                        found.setdefault(id(p), (_join(where, key), where, type(sub).__name__))
+            # An unregistered module's own parameters are unregistered too; a buffer that
+            # requires grad is one anywhere.
+            for key, p in [*(sub._parameters.items() if path else ()), *sub._buffers.items()]:
+                if p is not None and id(p) in wanted:
+                    found.setdefault(id(p), (_join(where, key), where, type(sub).__name__))
             for key, value in vars(sub).items():
                 if key not in _MODULE_KEYS:
                     walk(value, _join(where, key), where, sub, depth + 1)
