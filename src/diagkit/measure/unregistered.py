@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import time
 import types
+import warnings
 from collections.abc import Mapping
 
 import numpy as np
@@ -89,9 +90,13 @@ def find_paths(model: torch.nn.Module | None, wanted: set[int]) -> dict[int, tup
         elif isinstance(value, (list, tuple)):
             for i, v in enumerate(value):
                 walk(v, f"{path}[{i}]", owner_path, owner, depth + 1)
-        elif hasattr(value, "__dict__") and not isinstance(
-                value, (type, types.ModuleType, types.FunctionType, types.MethodType)):
-            for k, v in list(vars(value).items()):
+        elif not isinstance(value, (type, types.ModuleType, types.FunctionType,
+                                    types.MethodType)):
+            try:  # a plain object; one whose attributes cannot be listed is left alone
+                items = list(vars(value).items())
+            except Exception:
+                return
+            for k, v in items:
                 walk(v, f"{path}.{k}", owner_path, owner, depth + 1)
 
     module(model, "", 0)
@@ -167,7 +172,11 @@ class Unregistered:
         signature = np.asarray(used, dtype=bool).tobytes()
         if self._roots and signature != self._signature:
             self._signature = signature
-            self._discover()
+            try:
+                self._discover()
+            except Exception as exc:  # diagkit's own extra: never the run's failure
+                warnings.warn(f"diagkit: could not look for unregistered tensors: "
+                              f"{type(exc).__name__}: {exc}", stacklevel=2)
         fresh = self._first_record(found_before)
         self.found_now = fresh is not None  # new rows: a rank's written rows are stale
         if record is not None or fresh is not None:
