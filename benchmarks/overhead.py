@@ -208,6 +208,7 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
     fixed: dict[str, list[float]] = {k_: [] for k_ in (
         "inventory", "observer_attach", "saved_state_capture", "detach", "steps_table",
         "restore", "judge_run")}
+    walks: list[tuple[float, int, int]] = []  # (seconds, walks, steps) of each timed block
     clock = time.perf_counter
 
     def observed_block(n: int, record: bool, saved, prof: cProfile.Profile | None = None,
@@ -253,6 +254,8 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
             diag = judge_observation(Observation(inv.rows, table, None, {}))  # would stir the heap
             assert len(diag.params) == len(inv.tensors)
             fixed["judge_run"].append(clock() - t7)
+        if record:  # the graph walk that finds unregistered tensors (first step of the block)
+            walks.append((rec.unregistered.walk_seconds, rec.unregistered.walks, n))
         if record and mode == "exact":
             for key, dt in (("inventory", t1 - t0), ("observer_attach", t2 - t1),
                             ("detach", t5 - t4),
@@ -339,6 +342,12 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
                   for m in MODES},
         "fixed_costs_s": {key: statistics.median(v) for key, v in fixed.items() if v},
         "first_plain_step_of_block_s": statistics.median(first_plain),
+        "graph_walk": {
+            "seconds_per_walk": statistics.median(s / w for s, w, _ in walks if w) if any(
+                w for _, w, _ in walks) else 0.0,
+            "walks": sum(w for _, w, _ in walks), "observed_steps": sum(n for *_, n in walks),
+            "seconds_per_observed_step": sum(s for s, _, _ in walks)
+            / max(1, sum(n for *_, n in walks))},
     }
     out["fixed_costs_s"]["first_step_extra"] = (out["modes"]["exact"]["first_step_of_block_s"]
                                                 - out["first_plain_step_of_block_s"])
@@ -684,6 +693,12 @@ def main(argv=None) -> int:
             fc = r["fixed_costs_s"]
             lines.append((f"  fixed costs per diagnosis, {kind} (not in the ratio)",
                           ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in fc.items()), "-", "-"))
+            gw = r["graph_walk"]
+            lines.append((f"  graph walk for unregistered tensors, {kind} (in the first step)",
+                          f"{1e3 * gw['seconds_per_walk']:.2f} ms per walk (median), {gw['walks']} walks "
+                          f"in {gw['observed_steps']} observed steps = "
+                          f"{1e3 * gw['seconds_per_observed_step']:.3f} ms per observed step "
+                          f"vs plain step {1e3 * r['plain_step_s']['median']:.1f} ms", "-", "-"))
     if "watch" not in args.skip:
         from watch_time import time_watch, watch_lines
         result["watch_time"] = {}

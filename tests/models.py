@@ -138,3 +138,58 @@ class MaskedHead(nn.Module):
 
     def forward(self, x):
         return torch.softmax(self.fc(x) + self.mask, dim=-1)
+
+
+# ------------------------------------------------------------------ unregistered tensors
+class ListCells(nn.Module):
+    """LSTM cells kept in a plain Python list: `.parameters()` never sees them."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.cells = [nn.LSTMCell(4, 4), nn.LSTMCell(4, 4)]  # the bug: not an nn.ModuleList
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = c = torch.zeros(x.shape[0], 4)
+        for cell in self.cells:
+            h, c = cell(x, (h, c))
+        return self.head(h)
+
+
+class PlainMemory(nn.Module):
+    """Memory keys as a plain tensor with requires_grad, values in a dict: never trained."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(4, 4)
+        self.mem_keys = torch.randn(3, 4, requires_grad=True)  # the bug: not an nn.Parameter
+        self.memory = {"values": torch.randn(3, 4, requires_grad=True)}
+
+    def forward(self, x):
+        q = self.proj(x)
+        attn = torch.softmax(q @ self.mem_keys.t(), dim=-1)
+        return attn @ self.memory["values"]
+
+
+class TakesPrompt(nn.Module):
+    """The forward takes a learnable-looking tensor as an argument (see `prompt_loss`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x, prompt):
+        return self.fc(x + prompt)
+
+
+def make_prompt_loss():
+    """A loss_fn that passes a persistent tensor as the forward's argument, and scales by a
+    tensor the model never holds (reachable only through the loss)."""
+    prompt = torch.zeros(4, requires_grad=True)
+    scale = torch.ones((), requires_grad=True)
+
+    def loss_fn(model, batch):
+        return (model(batch, prompt) * scale).pow(2).mean()
+    return loss_fn, prompt, scale

@@ -24,6 +24,7 @@ SPEC_TABLE = {
     "decay_on_norm_or_bias": "info",
     "in_multiple_optimizers": "error",
     "not_in_model": "warning",
+    "unregistered": "error",
     "rank_divergent": "error",
     "rank_dependent_use": "warning",
 }
@@ -244,6 +245,21 @@ def test_not_in_model():
               used=False, changed=False, requires_grad=True)
     assert hits("not_in_model", stale, T("fc.weight")) == {"<optimizer 0 group 0 #3>": True,
                                                           "fc.weight": False}
+
+
+def test_unregistered_is_outside_model_and_optimizers_and_got_gradients():
+    """`unregistered`: requires grad, used, not in the model, in no optimizer. Not an orphan
+    (that is a model parameter no optimizer holds), and never when it got no gradient."""
+    loose = T("cells[0].weight", in_model=False, held=False, changed=False)
+    idle = T("<unregistered #1 (3,) torch.float32>", in_model=False, held=False, used=False,
+             changed=False)
+    verdicts = verdict_sets(*tables(loose, idle, T("fc.weight"), T("orphan.w", held=False,
+                                                                   changed=False)))
+    assert "unregistered" in verdicts["cells[0].weight"]
+    assert "orphan" not in verdicts["cells[0].weight"]
+    assert "unregistered" not in verdicts["<unregistered #1 (3,) torch.float32>"]
+    assert verdicts["fc.weight"] == {"ok"}
+    assert "orphan" in verdicts["orphan.w"] and "unregistered" not in verdicts["orphan.w"]
 
 
 # ------------------------------------------------------------------ distributed

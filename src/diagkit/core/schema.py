@@ -9,7 +9,9 @@ from __future__ import annotations
 # name -> meaning. Order is the column order of the DataFrame.
 PARAMS_COLUMNS: dict[str, str] = {
     "name": "first name model.named_parameters() gives the tensor; `<optimizer i group j #k>` "
-            "for a tensor held by an optimizer but not by the model",
+            "for a tensor held by an optimizer but not by the model; for a tensor in neither "
+            "that gets gradients (unregistered), its path among the model's plain attributes "
+            "(`cells[0].weight`) or `<unregistered #k shape dtype>`",
     "aliases": "tuple of the tensor's other names (tied weights, a module registered twice)",
     "module": "dotted name of the module that owns the tensor ('' for the root)",
     "module_type": "class name of that module",
@@ -21,7 +23,8 @@ PARAMS_COLUMNS: dict[str, str] = {
     "placement": "how the tensor is split over ranks: '' for a plain tensor, else a DTensor's "
                  "placements (FSDP2: 'Shard(dim=0)'); shape, numel and bytes are the whole "
                  "tensor's",
-    "in_model": "the tensor is a parameter of the model",
+    "in_model": "the tensor is a parameter of the model (False with no memberships: "
+                "unregistered)",
     "requires_grad": "requires_grad on the last observed step (at optimizer-step time)",
     "optimizer": "index of the first optimizer holding the tensor (<NA> if none)",
     "group": "index of the param group in that optimizer (<NA> if none)",

@@ -154,9 +154,12 @@ def subtrees(params: pd.DataFrame, flagged: np.ndarray) -> list[tuple[str, list[
 def _outside_key(row) -> str:
     """A tensor outside the model is reported with the others of its optimizer group (an
     optimizer built before `fully_shard` or a wrapper replaced the model's tensors holds all
-    of the old ones: one finding, not one per tensor)."""
+    of the old ones: one finding, not one per tensor). An unregistered tensor goes with the
+    others of its plain attribute (`cells[0].weight` and `cells[1].bias` under `cells`)."""
     pairs = row["memberships"]
-    return f"<optimizer {pairs[0][0]} group {pairs[0][1]}>" if pairs else row["name"]
+    if pairs:
+        return f"<optimizer {pairs[0][0]} group {pairs[0][1]}>"
+    return row["name"] if row["name"].startswith("<") else row["name"].partition("[")[0]
 
 
 def _coarsen(keys: dict[int, str], params: pd.DataFrame) -> dict[int, str]:

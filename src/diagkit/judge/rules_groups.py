@@ -4,7 +4,7 @@ Each rule is followed by the explanation of its findings (see `diagkit.judge.ver
 
 from __future__ import annotations
 
-from .verdict import in_optimizer, verdict
+from .verdict import in_optimizer, rg_used_counts, verdict
 from .wording import subject
 
 
@@ -61,3 +61,43 @@ def _explain_not_in_model(label, group, steps):
            "parameters were replaced after the optimizer was built (fully_shard, "
            "get_peft_model, to_empty), build the optimizer after that.")
     return message, fix
+
+
+@verdict("unregistered", "error",
+         ('It requires grad and receives gradients through the loss, but it is neither a '
+          'parameter of the model nor held by any optimizer (a module kept in a plain list, a '
+          'plain tensor made with `requires_grad=True`): invisible to `.parameters()`, '
+          '`state_dict()`, the optimizer and DDP, so nothing ever trains or saves it.'))
+def unregistered(params, steps):
+    used_while_rg = rg_used_counts(params, steps)[1]
+    return (used_while_rg > 0) & ~in_optimizer(params) & ~params["in_model"].astype(bool)
+
+
+@unregistered.explains
+def _explain_unregistered(label, group, steps):
+    message = (f"{subject(label, group)} requires grad and receives gradients, but it is not a "
+               "parameter of the model and no optimizer holds it: model.parameters(), "
+               "state_dict(), the optimizer and DDP never see it, so it stays at its initial "
+               "value and is never saved.")
+    fixes = sorted({_registration(n) for n in group["name"]})
+    return message, " ".join(fixes) + (" If it should not train, register it as a buffer "
+                                       "(self.register_buffer(name, tensor.detach())) instead.")
+
+
+def _registration(name: str) -> str:
+    """The registration a tensor's path calls for: a plain list or dict of modules, a list of
+    tensors, a plain tensor attribute, or one that could not be named."""
+    if name.startswith("<"):
+        return ("Find the tensor (shape and dtype in its name) and register it on the module "
+                "that uses it: self.x = nn.Parameter(x).")
+    head, _, rest = name.partition("[")
+    owner, _, attr = head.rpartition(".")
+    on = f"self.{attr}" + (f" (on {owner})" if owner else "")
+    if not rest:
+        return f"Register it: {on} = nn.Parameter({attr}) — then rebuild the optimizer."
+    module_inside = "." in rest.partition("]")[2]  # `cells[0].weight`: a module in the list
+    if rest.startswith(("'", '"')):
+        kind = "nn.ModuleDict({...})" if module_inside else "nn.ParameterDict({...})"
+    else:
+        kind = "nn.ModuleList([...])" if module_inside else "nn.ParameterList([...])"
+    return f"Hold them in {kind}: {on} = {kind} — then rebuild the optimizer."

@@ -15,8 +15,8 @@ from .wording import accessor, iter_expr, params_expr, subject, trend
           'Typical cause: a name filter such as `not n.startswith("module.metamodel")` — '
           'under DDP every name starts with `module.`.'))
 def orphan(params, steps):
-    used_while_rg = rg_used_counts(params, steps)[1]
-    return (used_while_rg > 0) & ~in_optimizer(params)
+    used_while_rg = rg_used_counts(params, steps)[1]  # outside the model: `unregistered`
+    return (used_while_rg > 0) & ~in_optimizer(params) & params["in_model"].astype(bool)
 
 
 @orphan.explains

@@ -22,6 +22,8 @@ class Inventory:
     rows: list[dict]
     # (optimizer, group) of each tensor's first membership, or None: where its lr is read.
     first_group: list[tuple[int, int] | None]
+    # The model the tensors come from: where `diagkit.measure.unregistered` names what it finds.
+    model: torch.nn.Module | None = None
 
     @property
     def names(self) -> list[str]:
@@ -80,7 +82,7 @@ def take_inventory(model: torch.nn.Module, optimizers: list[torch.optim.Optimize
         row["optimizer"], row["group"] = pairs[0] if pairs else (None, None)
         first_group.append(pairs[0] if pairs else None)
         row["lr"], row["weight_decay"] = _hyper(optimizers, pairs)
-    return Inventory(tensors=tensors, rows=rows, first_group=first_group)
+    return Inventory(tensors=tensors, rows=rows, first_group=first_group, model=model)
 
 
 def _row(name, tensor, module, module_type, in_model):

@@ -23,6 +23,7 @@ import torch
 
 from ..core.schema import BOOL_STEP_COLUMNS, STEPS_COLUMNS
 from .inventory import Inventory, group_lr
+from .unregistered import Unregistered, with_unregistered
 
 
 class MetaPass:
@@ -33,6 +34,8 @@ class MetaPass:
         self.used = np.zeros(len(self.tensors), dtype=bool)
         self._handles: list = []
         self._grads: list = []
+        # Leaves outside the inventory that autograd reached: found in the pass's graph.
+        self.unregistered = Unregistered(inventory, meta=True)
 
     def __enter__(self) -> "MetaPass":
         self._grads = [t.grad for t in self.tensors]  # references only: meta .grads are free
@@ -40,6 +43,8 @@ class MetaPass:
             for k, t in enumerate(self.tensors):
                 if t.requires_grad and t.is_leaf:
                     self._handles.append(t.register_post_accumulate_grad_hook(self._hook(k)))
+            self.unregistered.attach(self._handles)
+            self.unregistered.begin()
         except BaseException:
             self.__exit__()
             raise
@@ -52,6 +57,17 @@ class MetaPass:
         self._handles.clear()
         for t, grad in zip(self.tensors, self._grads):
             t.grad = grad
+        self.unregistered.forget_grads()
+
+    def found(self, loss) -> None:
+        """The pass ended: find the unregistered leaves in its graph (from `loss`, and the
+        model's outputs)."""
+        self.unregistered.end(0, loss, self.used)
+
+    @property
+    def rows(self) -> list[dict]:
+        """The inventory's rows, then the unregistered tensors the pass found."""
+        return self.inv.rows + self.unregistered.rows
 
     def _hook(self, k: int):
         def hook(_tensor):
@@ -63,6 +79,7 @@ class MetaPass:
         self.used[:] = False
         for t, grad in zip(self.tensors, self._grads):
             t.grad = grad
+        self.unregistered.begin()  # forget the failed attempt's graph
 
     def steps_table(self) -> pd.DataFrame:
         """The pass as step 0 of the steps table: requires_grad, used and lr are measured;
@@ -81,7 +98,8 @@ class MetaPass:
             if col not in data:
                 data[col] = (np.zeros(n, dtype=bool) if col in BOOL_STEP_COLUMNS
                              else np.full(n, np.nan))
-        return pd.DataFrame(data, columns=list(STEPS_COLUMNS))
+        return with_unregistered(pd.DataFrame(data, columns=list(STEPS_COLUMNS)),
+                                 self.unregistered.table())
 
 
 def off_meta(tensors: list[torch.Tensor]) -> list[str]:

@@ -9,9 +9,9 @@ while it is attached, as a context manager:
         obs.begin_step(0); train_one_step(); obs.end_step(loss)
     obs.steps_table()
 
-Per step and tensor it records the columns of `diagkit.core.schema.STEPS_COLUMNS`. Work is
-batched across tensors and read back to the host once per step and device, never once per
-tensor, so observation stays cheap on an accelerator.
+Per step and tensor it records the columns of `diagkit.core.schema.STEPS_COLUMNS`, batched
+and read back once per step and device; tensors outside `.parameters()` that get gradients are
+found and measured by `diagkit.measure.unregistered`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from .skips import Holdings, merged_skips
 from .step_records import StepRecords
 from .step_state import LoopFacts, StepState
 from .strategy_plan import plan_strategies
+from .unregistered import Unregistered, with_unregistered
 
 
 class Observer:
@@ -83,11 +84,11 @@ class Observer:
         # Optimizer steps skipped in the observed steps (a loss scaler's; `diagkit.measure.skips`).
         self.skipped_optimizer_steps = 0
         self._all = np.arange(n)
+        self.unregistered = Unregistered(inventory, checksums)  # leaves outside .parameters()
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> "Observer":
-        self.attach()
-        return self
+        return self.attach() or self
 
     def __exit__(self, *exc) -> None:
         self.detach()
@@ -100,6 +101,7 @@ class Observer:
                 strategy.attach(self._handles)
             for i, opt in enumerate(self.optimizers):
                 self._handles.append(opt.register_step_pre_hook(self._optimizer_hook(i)))
+            self.unregistered.attach(self._handles)
         except BaseException:
             self.detach()
             raise
@@ -115,10 +117,7 @@ class Observer:
         if self.state is not None:
             self.state.release()
 
-    @property
-    def attached(self) -> bool:
-        """Whether any hook is set (False once the `with` block is left)."""
-        return bool(self._handles)
+    attached = property(lambda self: bool(self._handles), doc="Whether any hook is set.")
 
     def progress(self, event: str) -> None:
         if self.on_progress is not None:
@@ -132,12 +131,14 @@ class Observer:
         self.stepping = None
         self.probe.begin(consecutive=consecutive)
         self.active = True
+        self.unregistered.begin()
         self.progress("begin")
 
     def abort_step(self) -> None:
         """The step raised: drop its partial observations."""
         self.active = False
         self.state.release()
+        self.unregistered.abort()
 
     def end_step(self, loss=None) -> bool:
         """Record the step: read what no optimizer read, then one read-back for everything.
@@ -182,6 +183,7 @@ class Observer:
             "update_ratio": ratio, "changed": changed, "lr": st.lr, "nonfinite": nonfinite,
             "skipped": self.holdings.skipped(st, skipping),
             **({"checksum": got["checksum"]} if self.checksums else {})})
+        self.unregistered.end(st.index, loss, st.used)
         st.release()
         if keys["scalar_loss"]:
             self.losses.append(float(got["loss"][0]))
@@ -284,11 +286,14 @@ class Observer:
                          for i, j in self._lr_slots])
 
     # ----------------------------------------------------------------- result
+    rows = property(lambda self: self.inv.rows + self.unregistered.rows,
+                    doc="The static rows: the inventory's, then the unregistered ones found.")
+
     def steps_table(self) -> pd.DataFrame:
         """Every recorded step, one row per (step, tensor)."""
-        return self.records.table()
+        return with_unregistered(self.records.table(), self.unregistered.table())
 
     def step_table(self, step: int) -> pd.DataFrame:
         """The rows of one recorded step (what a watchdog writes out as the run goes)."""
-        return self.records.one(step)
+        return with_unregistered(self.records.one(step), self.unregistered.table(step))
 

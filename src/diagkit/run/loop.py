@@ -109,7 +109,7 @@ def step_function(setup: Setup) -> Callable[[int], object]:
             opt.step()
         if setup.lr_scheduler is not None:
             setup.lr_scheduler.step()
-        return loss.detach()
+        return loss  # with its grad_fn: a root of the graph the unregistered tensors are found in
     return standard_step
 
 

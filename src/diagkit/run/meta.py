@@ -74,7 +74,7 @@ def observe_meta(setup: Setup):
             **({"optimizer_sources": setup.optimizer_sources} if setup.optimizer_sources
                else {})}
     steps = seen.steps_table() if failure is None else seen.steps_table().iloc[:0]
-    return Observation(inventory.rows, steps, failure, meta)
+    return Observation(seen.rows, steps, failure, meta)
 
 
 def _run_pass(setup: Setup, seen: MetaPass) -> tuple[StepFailure | None, str]:
@@ -83,17 +83,17 @@ def _run_pass(setup: Setup, seen: MetaPass) -> tuple[StepFailure | None, str]:
     try:
         if setup.train_step is not None:
             with META:
-                setup.train_step(0)
+                seen.found(setup.train_step(0))
             return None, "train_step"
         batch = setup.batch_fn()
         try:
-            _forward_backward(setup, batch_to_meta(batch))
+            seen.found(_forward_backward(setup, batch_to_meta(batch)))
             return None, "floats"
         except RuntimeError as exc:
             if "meta" not in str(exc) or not has_real_tensor(batch_to_meta(batch)):
                 raise
         seen.reset()  # a device mismatch: every tensor to meta, once more
-        _forward_backward(setup, batch_to_meta(batch, ids_too=True))
+        seen.found(_forward_backward(setup, batch_to_meta(batch, ids_too=True)))
         return None, "all"
     except (Exception, SystemExit, deadline.TimedOut) as exc:
         text = _failure_text(exc)
@@ -102,10 +102,11 @@ def _run_pass(setup: Setup, seen: MetaPass) -> tuple[StepFailure | None, str]:
                            traceback=traceback.format_exc()), ""
 
 
-def _forward_backward(setup: Setup, batch) -> None:
+def _forward_backward(setup: Setup, batch) -> torch.Tensor:
     with META:
         loss = setup.loss_fn(setup.model, batch)
         if not isinstance(loss, torch.Tensor):
             raise DiagkitError(f"loss_fn must return a tensor to backward through, got "
                                f"{type(loss).__name__}")
         loss.backward()
+    return loss  # the root of the graph its unregistered tensors are found in

@@ -65,6 +65,7 @@ def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
     finally:
         if saved is not None:
             saved.restore()
+            observer.unregistered.forget_grads()
     meta = {
         "steps_requested": n_steps,
         **({"timed_out": True} if is_timeout(failure) else {}),
@@ -79,7 +80,7 @@ def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
         **({"sample": sample} if delta != "exact" else {}),
         **({"optimizer_sources": setup.optimizer_sources} if setup.optimizer_sources else {}),
     }
-    return Observation(inventory.rows, observer.steps_table(), failure, meta)
+    return Observation(observer.rows, observer.steps_table(), failure, meta)
 
 
 def resolve_steps(steps: int | None, target_steps: int | None) -> int:
@@ -97,7 +98,7 @@ def _keep_for_timeout(inventory, observer: Observer, n_steps: int) -> None:
     clock = deadline.active()
     if clock is not None:
         clock.snapshot = lambda: Observation(
-            inventory.rows, observer.steps_table(),
+            observer.rows, observer.steps_table(),
             StepFailure(step=clock.step or 0, error=clock.message(), traceback=""),
             {"steps_requested": n_steps, "timed_out": True, "torch": torch.__version__})
 

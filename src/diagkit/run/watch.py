@@ -159,7 +159,7 @@ class Watch:
         failure = None if error is None else StepFailure(
             step=self.clock.count, error=f"diagkit stopped observing: {error[0]}",
             traceback=error[1])
-        meta = self._meta()
+        meta, rows = self._meta(), self.observer.rows  # with the unregistered tensors found
         meta["dropped_steps"] = [{"step": i, "why": why} for i, why in self.observer.dropped]
         # A step a loss scaler skipped ran on into the next one taken (`measure.skips`).
         meta["skipped_optimizer_steps"] = self.observer.skipped_optimizer_steps
@@ -174,7 +174,7 @@ class Watch:
         else:
             steps = self.observer.steps_table()
         self._release()
-        observation = Observation(self.inventory.rows, steps, failure, meta)
+        observation = Observation(rows, steps, failure, meta)
         self._diagnosis = judge_observation(observation, ddp=ddp_facts(self._ddp))
         self._save()
 

@@ -64,6 +64,8 @@ class _RankFiles:
                    json.dumps({"event": event, "step": step, "time": time.time()}).encode())
         if event == "begin" and step == 0 and self.rank == 0:  # before anything can hang
             self.write("rows.pkl", pickle.dumps(observer.inv.rows))
+        if event == "end" and self.rank == 0 and observer.unregistered.found_now:
+            self.write("rows.pkl", pickle.dumps(observer.rows))  # with the unregistered found
         if event == "end":
             table = observer.step_table(step)
             table.insert(0, "rank", self.rank)

@@ -1,0 +1,295 @@
+"""Tensors that train nowhere: leaves that get gradients but are outside `.parameters()`.
+
+A module kept in a plain Python list, or a plain `torch.randn(..., requires_grad=True)`
+attribute, requires grad and receives gradients through the loss, yet `model.parameters()`,
+`state_dict()`, the optimizer and DDP never see it. Only the autograd graph does: every leaf
+that receives a gradient is an `AccumulateGrad` node reachable from the loss.
+
+The graph is walked (one pass over its nodes) on the first observed step, then only on a step
+whose set of used inventory tensors differs from the last walk's (a cheap signature of the
+graph: a data-dependent branch may bring new leaves). Its roots: the loss `end_step` is given
+(if it has a `grad_fn`) and the outputs of the model's forward calls during the step (a forward
+hook on the root module: how `watch`, which never sees the loss, finds them).
+
+Not counted: the inventory's tensors (the model's and the optimizers'), and tensors the
+model's forward is called with (its arguments: inputs, which may require grad on purpose, as
+for saliency maps or adversarial examples). A tensor found is named by where it lives among
+the model's plain attributes (`cells[0].weight_ih`, `mem_keys`, `memory['keys']`), else
+`<unregistered #k shape dtype>`. From the step after it was found it is measured like any
+tensor (used by a post-accumulate hook, norms, change); its discovery step records it used,
+with its `.grad` norm as both norms, not carried, and no change measured (NaN, False).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import types
+import warnings
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..core.schema import BOOL_STEP_COLUMNS, STEPS_COLUMNS
+from .kernels import checksum
+
+_MODULE_KEYS = frozenset(vars(torch.nn.Module()))  # nn.Module's own bookkeeping attributes
+_DEPTH, _BUDGET, _ROOTS = 6, 50_000, 16
+
+
+def graph_leaves(roots) -> list[torch.Tensor]:
+    """The leaves (AccumulateGrad variables) reachable from `roots` (grad_fn nodes), once each."""
+    seen, stack, found = set(), [r for r in roots if r is not None], []
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            found.append(variable)
+        stack.extend(n for n, _ in getattr(node, "next_functions", ()) if n is not None)
+    return found
+
+
+def find_paths(model: torch.nn.Module | None, wanted: set[int]) -> dict[int, tuple[str, str, str]]:
+    """id -> (path, owning module's path, its class name) for the tensors of `wanted` reachable
+    through the model's plain attributes (lists, tuples, dicts, plain objects, modules that are
+    not registered), with a depth bound and a cycle guard."""
+    found: dict[int, tuple[str, str, str]] = {}
+    if model is None or not wanted:
+        return found
+    seen: set[int] = set()
+
+    def module(mod, path, depth):
+        for sub_path, sub in mod.named_modules(remove_duplicate=False):
+            where = _join(path, sub_path)
+            # An unregistered module's own parameters are unregistered too; a buffer that
+            # requires grad is one anywhere.
+            for key, p in [*(sub._parameters.items() if path else ()), *sub._buffers.items()]:
+                if p is not None and id(p) in wanted:
+                    found.setdefault(id(p), (_join(where, key), where, type(sub).__name__))
+            for key, value in vars(sub).items():
+                if key not in _MODULE_KEYS:
+                    walk(value, _join(where, key), where, sub, depth + 1)
+
+    def walk(value, path, owner_path, owner, depth):
+        if depth > _DEPTH or id(value) in seen or len(seen) > _BUDGET:
+            return
+        seen.add(id(value))
+        if isinstance(value, torch.Tensor):
+            if id(value) in wanted:
+                found.setdefault(id(value), (path, owner_path, type(owner).__name__))
+        elif isinstance(value, torch.nn.Module):
+            module(value, path, depth)
+        elif isinstance(value, Mapping):
+            for k, v in list(value.items()):
+                walk(v, f"{path}[{k!r}]", owner_path, owner, depth + 1)
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(v, f"{path}[{i}]", owner_path, owner, depth + 1)
+        elif not isinstance(value, (type, types.ModuleType, types.FunctionType,
+                                    types.MethodType)):
+            try:  # a plain object; one whose attributes cannot be listed is left alone
+                items = list(vars(value).items())
+            except Exception:
+                return
+            for k, v in items:
+                walk(v, f"{path}.{k}", owner_path, owner, depth + 1)
+
+    module(model, "", 0)
+    return found
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}.{b}" if a and b else a or b  # a dotted path; '' is the root
+
+
+def _nested_tensors(value, depth: int = 0):
+    """The tensors in a forward's arguments or output (nested lists, tuples, dicts, ModelOutput)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < 3 and isinstance(value, (Mapping, list, tuple)):
+        for v in (value.values() if isinstance(value, Mapping) else value):
+            yield from _nested_tensors(v, depth + 1)
+
+
+class Unregistered:
+    """Finds the unregistered leaves of observed steps and measures them from then on
+    (owned by an `Observer`, or by a `MetaPass` with `meta=True`: no values read)."""
+
+    def __init__(self, inventory, checksums: bool = False, meta: bool = False):
+        self.model = getattr(inventory, "model", None)
+        self.known = {id(t) for t in inventory.tensors}
+        self.checksums, self.meta = checksums, meta
+        self.tensors: list[torch.Tensor] = []
+        self.rows: list[dict] = []
+        self.records: list[tuple[int, list[str], dict]] = []
+        self.active = False
+        self.walks, self.walk_seconds = 0, 0.0  # the cost of finding them (`make bench`)
+        self.found_now = False
+        self._handles: list = []
+        self._roots: list = []
+        self._inputs: set[int] = set()
+        self._signature: bytes | None = None
+        self._used = np.zeros(0, dtype=bool)
+        self._before: list = []
+
+    def attach(self, handles: list) -> None:
+        """The forward hook that sees the graph's roots; `handles` are removed by the owner."""
+        self._handles = handles
+        if self.model is not None:
+            handles.append(self.model.register_forward_hook(self._forward, with_kwargs=True))
+
+    def _forward(self, _module, args, kwargs, output):
+        if self.active:  # arguments are inputs; the output's grad_fns are roots of the graph
+            self._inputs.update(id(t) for t in _nested_tensors((args, kwargs)))
+            outputs = itertools.islice(_nested_tensors(output), _ROOTS)
+            self._roots.extend(t.grad_fn for t in outputs if t.grad_fn is not None)
+
+    def begin(self) -> None:
+        """A step starts: what each known tensor and its .grad are before it."""
+        self.active, self._roots, self._inputs = True, [], set()
+        self._used = np.zeros(len(self.tensors), dtype=bool)
+        if self.tensors and not self.meta:
+            with torch.no_grad():
+                self._before = [(t.detach().clone(), None if t.grad is None else
+                                 t.grad.detach().clone()) for t in self.tensors]
+
+    def abort(self) -> None:
+        """The step raised: nothing of it is recorded."""
+        self.active, self._roots, self._before = False, [], []
+
+    def end(self, step: int, loss, used) -> None:
+        """A step ended: measure the known ones, walk the graph if it may have changed."""
+        self.active = False
+        found_before = len(self.tensors)
+        record = self._measure() if found_before else None  # the known ones, before the walk
+        if isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
+            self._roots.append(loss.grad_fn)
+        signature = np.asarray(used, dtype=bool).tobytes()
+        if self._roots and signature != self._signature:
+            self._signature = signature
+            try:
+                self._discover()
+            except Exception as exc:  # diagkit's own extra: never the run's failure
+                warnings.warn(f"diagkit: could not look for unregistered tensors: "
+                              f"{type(exc).__name__}: {exc}", stacklevel=2)
+        fresh = self._first_record(found_before)
+        self.found_now = fresh is not None  # new rows: a rank's written rows are stale
+        if record is not None or fresh is not None:
+            merged = {c: np.concatenate([r[c] for r in (record, fresh) if r is not None])
+                      for c in (record or fresh)}
+            self.records.append((step, [r["name"] for r in self.rows], merged))
+        self._roots, self._inputs, self._before = [], set(), []
+
+    def _discover(self) -> None:
+        started = time.perf_counter()
+        taken = self.known | {id(t) for t in self.tensors} | self._inputs
+        new = [t for t in graph_leaves(self._roots) if id(t) not in taken and t.requires_grad
+               and (t.grad is not None or self.meta)]
+        new = list({id(t): t for t in new}.values())
+        paths = find_paths(self.model, {id(t) for t in new}) if new else {}
+        new.sort(key=lambda t: (id(t) not in paths, paths.get(id(t), ("",))[0]))
+        for t in new:
+            name, module, module_type = paths.get(id(t)) or (
+                f"<unregistered #{len(self.rows)} {tuple(t.shape)} {t.dtype}>", "", "")
+            self.rows.append(_row(name, t, module, module_type))
+            self.tensors.append(t)
+            self._handles.append(t.register_post_accumulate_grad_hook(
+                self._accumulated(len(self.tensors) - 1)))
+        self.walks += 1
+        self.walk_seconds += time.perf_counter() - started
+
+    def _accumulated(self, k: int):
+        def hook(_tensor):
+            if self.active and k < len(self._used):
+                self._used[k] = True
+        return hook
+
+    def _measure(self) -> dict:
+        """The known tensors' step, measured as the observer measures its own."""
+        n = len(self._used)
+        out = _empty(n, self.checksums)
+        out["used"] = self._used.copy()
+        out["requires_grad"] = np.array([t.requires_grad for t in self.tensors[:n]], dtype=bool)
+        if self.meta:
+            return out
+        with torch.no_grad():
+            for k, (t, (value, grad)) in enumerate(zip(self.tensors, self._before)):
+                g = t.grad
+                if g is not None:
+                    out["grad_total_norm"][k] = float(g.float().norm())
+                if out["used"][k] and g is not None:
+                    fresh = g if grad is None else g - grad
+                    out["grad_norm"][k] = float(fresh.float().norm())
+                    out["nonfinite"][k] = not bool(torch.isfinite(fresh).all())
+                    out["carried_grad"][k] = grad is not None and bool(grad.ne(0).any())
+                diff = float((t.detach().float() - value.float()).norm())
+                out["delta_norm"][k] = diff
+                out["changed"][k] = bool(t.detach().ne(value).any())
+                size = float(value.float().norm())
+                out["update_ratio"][k] = diff / size if size else np.nan
+                if self.checksums:
+                    out["checksum"][k] = float(checksum(t.detach()))
+        return out
+
+    def _first_record(self, start: int) -> dict | None:
+        """The discovery step of the tensors found now: used, the .grad's norm, no change."""
+        new = self.tensors[start:]
+        if not new:
+            return None
+        out = _empty(len(new), self.checksums)
+        out["used"][:] = True
+        out["requires_grad"] = np.array([t.requires_grad for t in new], dtype=bool)
+        if not self.meta:
+            with torch.no_grad():
+                for k, t in enumerate(new):
+                    out["grad_norm"][k] = out["grad_total_norm"][k] = float(t.grad.float().norm())
+                    out["nonfinite"][k] = not bool(torch.isfinite(t.grad).all())
+                    if self.checksums:
+                        out["checksum"][k] = float(checksum(t.detach()))
+        return out
+
+    def forget_grads(self) -> None:
+        """After diagkit's own steps: drop the .grad they left (the run is put back)."""
+        for t in self.tensors:
+            t.grad = None
+
+    def table(self, step: int | None = None) -> pd.DataFrame:
+        """Their rows of the steps table (of one step if `step` is given)."""
+        columns = list(STEPS_COLUMNS) + (["checksum"] if self.checksums else [])
+        frames = [pd.DataFrame({"step": np.full(len(names), s, dtype=np.int64),
+                                "name": np.array(names, dtype=object), **rec}, columns=columns)
+                  for s, names, rec in self.records if step is None or s == step]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+def with_unregistered(steps: pd.DataFrame, extra: pd.DataFrame) -> pd.DataFrame:
+    """A steps table with the unregistered tensors' rows, step by step."""
+    if extra.empty:
+        return steps
+    extra = extra.astype({c: steps[c].dtype for c in extra.columns if c in steps.columns})
+    both = pd.concat([steps, extra], ignore_index=True)
+    return both.sort_values("step", kind="stable").reset_index(drop=True)
+
+
+def _empty(n: int, checksums: bool) -> dict:
+    out = {c: (np.zeros(n, dtype=bool) if c in BOOL_STEP_COLUMNS else np.full(n, np.nan))
+           for c in list(STEPS_COLUMNS)[2:]}
+    if checksums:
+        out["checksum"] = np.full(n, np.nan)
+    return out
+
+
+def _row(name, tensor, module, module_type) -> dict:
+    """An inventory row for a tensor outside the model's parameters and every optimizer."""
+    return {"name": name, "aliases": (), "module": module, "module_type": module_type,
+            "shape": tuple(tensor.shape), "numel": tensor.numel(),
+            "bytes": tensor.numel() * tensor.element_size(), "dtype": str(tensor.dtype),
+            "device": str(tensor.device), "placement": "", "in_model": False,
+            "requires_grad": tensor.requires_grad, "memberships": (), "n_optimizers": 0,
+            "optimizer": None, "group": None, "lr": float("nan"),
+            "weight_decay": float("nan")}
