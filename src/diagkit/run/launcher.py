@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -103,6 +104,11 @@ def _stop(proc: subprocess.Popen, run_dir: Path) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     proc.wait()
+    # A SIGKILLed process is gone only once the kernel has run it to its end, which on a
+    # loaded machine takes a moment: wait for that, so that none outlives this call.
+    gone_by = time.monotonic() + 10
+    while _ranks_of(run_dir) and time.monotonic() < gone_by:
+        time.sleep(0.05)
 
 
 def _ranks_of(run_dir: Path) -> list[int]:
