@@ -149,6 +149,7 @@ class Observer:
         self.active = False
         pending, keys = self._queue(st, loss)
         got = pending.read()
+        got["checksum"] = self.shards.spread(got["checksum"])  # 0 where sharded: not compared
         delta, changed, ratio = self.probe.resolve(got)
         merged, stale = merged_skips(st, got["fresh_l2"], got["resets"])
         grad_norm, nonfinite, self.zero_grad_expected = resolve_fresh(
@@ -166,8 +167,7 @@ class Observer:
             self.shards.combine({
                 "delta": delta, "value": self.probe.value_norm, "grad": grad_norm,
                 "total": grad_total, "changed": changed, "used": st.used, "ratio": ratio,
-                "nonfinite": nonfinite, "carried": carried_grad,
-                "checksum": got["checksum"] if self.checksums else np.zeros(self.n)})
+                "nonfinite": nonfinite, "carried": carried_grad, "checksum": got["checksum"]})
         if st.dropped is not None:
             self.dropped.append((st.index, st.dropped))
             st.release()
@@ -208,7 +208,8 @@ class Observer:
             pending.add("carried", [st.carried[k] for k in keys["carried"]])
             pending.add("resets", [v for v in st.resets.values() if v is not None])
             pending.add("rewrites", rewrites.queued(st))
-            pending.add("checksum", [checksum(t) for t in self.local] if self.checksums else [])
+            pending.add("checksum", [checksum(self.local[k]) for k in self.shards.fingerprinted]
+                        if self.checksums else [])
             # The loss rides along with the step's one read-back instead of its own sync.
             pending.add("loss", [loss.detach().reshape(()).float()] if keys["scalar_loss"]
                         else [])

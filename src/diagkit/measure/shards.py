@@ -8,9 +8,9 @@ Arithmetic on the DTensor itself would dispatch collectives from inside a measur
 
 At the end of each observed step the sharded tensors' measurements are combined over the
 ranks holding the other shards, in one all-reduce per step and mesh (`combine`): squared L2
-norms are summed (the norm of the whole tensor, exactly), `changed`, `used` and the other
-flags are OR-ed ("changed" if any shard changed), and checksums are summed (a sum and a sum
-of squares add up over shards). Every rank's row then holds the whole tensor's values, so
+norms are summed (the norm of the whole tensor, exactly), and `changed`, `used` and the other
+flags are OR-ed ("changed" if any shard changed). No value fingerprint is taken of a shard:
+the ranks hold different parts by design, so there is nothing to compare (`spread`). Every rank's row then holds the whole tensor's values, so
 folding ranks and comparing them (`diagkit.measure.aggregate`) needs nothing new. The README's
 "FSDP2" section lists what is and is not supported.
 """
@@ -116,6 +116,21 @@ class ShardCombiner:
                                 local(tensors[ks[0]]).device))
         self.sharded = np.array(sorted(k for _, ks, _ in self.groups for k in ks),
                                 dtype=np.int64)
+        # The tensors whose value fingerprint is taken to compare ranks: not the sharded ones,
+        # whose ranks hold different parts by design (a float64 pass over every shard per
+        # step was most of watch's price under FSDP2: `benchmarks/README.md`, section G).
+        self.n = len(tensors)
+        self.fingerprinted = np.setdiff1d(np.arange(self.n), self.sharded).tolist()
+
+    def spread(self, values: np.ndarray) -> np.ndarray:
+        """The fingerprints read back for `fingerprinted`, over all tensors (0 where sharded,
+        equal on every rank; zeros when none was taken)."""
+        if len(values) == self.n:
+            return values
+        out = np.zeros(self.n)
+        if len(values):
+            out[self.fingerprinted] = values
+        return out
 
     def __bool__(self) -> bool:
         return bool(self.groups)
