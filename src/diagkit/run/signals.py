@@ -11,6 +11,7 @@ restoring the model) runs for it too.
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 
@@ -54,7 +55,11 @@ def exit_code(exc: KeyboardInterrupt) -> tuple[int, str]:
 
 def ignore_more() -> None:
     """After the first signal, a second one (an impatient Ctrl-C) must not turn the one line
-    into a traceback while the command ends."""
+    into a traceback while the command ends; nor may asyncio's report of a task left with an
+    exception: a report interrupted while the kernel died leaves papermill's cell task with a
+    `DeadKernelError` that asyncio logs with its traceback when the task is collected, after
+    the one line (seen once in CI, depending on which of the two went first)."""
+    logging.getLogger("asyncio").disabled = True
     if _main_thread():
         for signum in EXIT_CODES:
             signal.signal(signum, signal.SIG_IGN)
