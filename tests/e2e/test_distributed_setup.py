@@ -5,12 +5,18 @@ target returned (a Lightning-style `model.training_step(batch)`), with DDP still
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
 from diagkit import DiagkitError
 from diagkit.run.launcher import diagnose_distributed
+
+DIAGKIT = str(Path(sys.executable).parent / "diagkit")
 
 HELPERS = textwrap.dedent('''
     import torch
@@ -202,3 +208,79 @@ def test_a_bad_steps_is_one_line_before_any_rank_starts(targets, steps):
     """Formerly `steps or 5` turned 0 into 5; now a bad value is refused up front."""
     with pytest.raises(DiagkitError, match=r"^steps must be a positive int"):
         diagnose_distributed(f"{targets / 'exact.py'}:build", nproc=2, steps=steps)
+
+
+# ------------------------------------------------------------------ faults that mislead (#21)
+# Rank 1 fails (or hangs) on its own while building, importing, or in FSDP2's shard combine;
+# rank 0 only loses its peer. Each rank writes its pid to PIDS, so that the test can check that
+# none of this run's ranks outlives it (torchrun starts each rank in a session of its own).
+FAULTS = textwrap.dedent('''
+    import os, pathlib, threading
+    import torch.distributed as dist
+
+    HERE = pathlib.Path(__file__).parent
+    if os.environ.get("RANK") == "1" and (HERE / "HANG_AT_IMPORT").exists():
+        (HERE / "pids").mkdir(exist_ok=True)
+        (HERE / "pids" / "rank1").write_text(str(os.getpid()))
+        threading.Event().wait()           # rank 1 never finishes importing this file
+
+    def _pid():
+        (HERE / "pids").mkdir(exist_ok=True)
+        (HERE / "pids" / f"rank{dist.get_rank()}").write_text(str(os.getpid()))
+
+    def build(fault="raise"):
+        from diagkit.demos.wired import clean
+        _pid()
+        if dist.get_rank() == 1:
+            if fault == "hang":
+                threading.Event().wait()       # nobody ever sets it
+            raise ValueError("rank one cannot build its model")
+        return clean(steps=2)
+''')
+
+
+@pytest.fixture()
+def faults(tmp_path):
+    (tmp_path / "faults.py").write_text(FAULTS)
+    return tmp_path
+
+
+def ranks_left(folder) -> list[int]:
+    """The pids this run's ranks wrote that still run a diagkit rank."""
+    alive = []
+    for file in (folder / "pids").glob("rank*"):
+        pid = int(file.read_text())
+        try:
+            if b"diagkit.run.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                alive.append(pid)
+        except OSError:
+            continue
+    return alive
+
+
+def test_a_rank_that_raises_while_building_is_named_not_the_peer_that_lost_it(faults):
+    """Rank 0 gets gloo's "Connection closed by peer" once rank 1 is gone: the line names
+    rank 1 and its own error, whatever the rank numbers."""
+    run = subprocess.run([DIAGKIT, "check", "faults.py:build", "--nproc", "2"], cwd=faults,
+                         capture_output=True, text=True, timeout=240)
+    assert run.returncode == 2, run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("diagkit: error: rank 1 failed: target 'faults.py:build' raised "
+                           "while building the setup: ValueError: rank one cannot build its "
+                           "model"), line
+    assert "rank 0 failed" not in line and "Connection closed" not in line, line
+    assert ranks_left(faults) == []
+
+
+def test_a_rank_that_hangs_while_building_is_the_one_the_others_waited_for(faults):
+    started = time.monotonic()
+    with pytest.raises(DiagkitError) as caught:
+        diagnose_distributed(f"{faults / 'faults.py'}:build", {"fault": "hang"}, nproc=2,
+                             timeout=45)
+    assert time.monotonic() - started < 120
+    text = str(caught.value)
+    assert text.startswith("timed out after 45 s: "), text
+    assert "rank 0 had built the target and was waiting for the others" in text, text
+    assert "rank 1 stopped while building the target" in text, text
+    assert "rank 1 is the one that stopped (the others waited for it)" in text, text
+    assert ranks_left(faults) == []

@@ -79,14 +79,54 @@ def _launch(run_dir: Path, nproc: int, timeout: float) -> tuple[int | None, bool
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)  # its own group: killed as a whole
-        timed_out = False
         try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            timed_out = _wait(proc, run_dir, nproc, timeout)
         finally:
             _stop(proc, run_dir)
     return proc.returncode, timed_out, log_path.read_text(errors="replace")
+
+
+_POLL_S = 0.25  # how often the run folder is read while the ranks run
+_GRACE_S = 5.0  # after a rank reported a failure: time for the others to report theirs
+
+
+def _wait(proc: subprocess.Popen, run_dir: Path, nproc: int, timeout: float) -> bool:
+    """Wait for torchrun, at most `timeout` seconds (True: it ran out). A rank that reported a
+    failure ends the run `_GRACE_S` later, whatever the others do: a peer left waiting in a
+    collective (FSDP2's shard combine, NCCL, which never notices a peer's exit) would otherwise
+    wait for the group's timeout, and a rank whose process lingers after its report (a
+    non-daemon thread of the target's) would hold the run until `timeout`. The same once every
+    rank has reported: nothing is left to wait for."""
+    ends = time.monotonic() + timeout
+    settle_by = None
+    while True:
+        left = ends - time.monotonic()
+        if left <= 0:
+            return True
+        try:
+            proc.wait(timeout=min(_POLL_S, left))
+            return False
+        except subprocess.TimeoutExpired:
+            pass
+        if settle_by is None and _reported_enough(run_dir, nproc):
+            settle_by = time.monotonic() + _GRACE_S
+        if settle_by is not None and time.monotonic() >= settle_by:
+            return False
+
+
+def _reported_enough(run_dir: Path, nproc: int) -> bool:
+    """Whether a rank reported a failure, or every rank reported."""
+    states = [_json_or_none(run_dir / f"rank{r}.status.json") for r in range(nproc)]
+    reported = [s for s in states if s is not None]
+    return len(reported) == nproc or any(
+        s.get("state") == "error" or s.get("failure") for s in reported)
+
+
+def _json_or_none(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):  # not written yet (each file is written atomically)
+        return None
 
 
 def _stop(proc: subprocess.Popen, run_dir: Path) -> None:
@@ -153,43 +193,66 @@ def _steps(run_dir: Path, nproc: int) -> pd.DataFrame:
 
 
 def _failure(ranks, nproc, returncode, timed_out, timeout, steps_table, log) -> StepFailure | None:
-    """One failure for the run, naming the rank(s) and where they were."""
+    """One failure for the run, naming the rank that caused it and where the others were.
+
+    A rank's own error wins over the errors the others got because it went away (a closed
+    connection, a collective timed out: `_collateral`), whatever their rank numbers: with
+    several of its own, the earliest step's, then the lowest rank's."""
     done = len(steps_table["step"].unique()) if len(steps_table) else 0
-    errors = {r: s for r, s in ranks.items() if s.get("state") == "error"}
-    step_failures = {r: s["failure"] for r, s in ranks.items()
-                     if s.get("state") == "done" and s.get("failure")}
-    if errors:
-        r, s = min(errors.items())
-        return StepFailure(done, f"rank {r} failed: {s['error']}", s.get("traceback", ""))
-    unfinished = [r for r, s in ranks.items() if s.get("state") != "done"]
-    own_failures = {r: f for r, f in step_failures.items() if not _collateral(f["error"])}
-    if unfinished and not timed_out and not own_failures:
+    reports = _reports(ranks, done)
+    silent = [r for r, s in ranks.items() if s.get("state") not in ("done", "error")]
+    own = [x for x in reports if not x[0]]
+    if own:
+        return _named(min(own, key=lambda x: x[1:3]), reports)
+    if silent and not timed_out:
         # A rank vanished (killed, os._exit, out of memory); the others only lost their peer.
-        where = "; ".join(f"rank {r} {_where(ranks[r])}" for r in unfinished)
-        step = min((f["step"] for f in step_failures.values()), default=done)
-        return StepFailure(step, f"rank {', '.join(map(str, unfinished))} died "
+        where = "; ".join(f"rank {r} {_where(ranks[r])}" for r in silent)
+        step = min((x[1] for x in reports), default=done)
+        return StepFailure(step, f"rank {', '.join(map(str, silent))} died "
                                  f"(torchrun exit {returncode}): {where}", log[-4000:])
-    if step_failures:
-        # The rank that failed first, and for its own reason: the others then only lose a peer.
-        r, f = min(step_failures.items(),
-                   key=lambda item: (item[1]["step"], _collateral(item[1]["error"]), item[0]))
-        others = sorted(set(step_failures) - {r})
-        also = f" (also on rank {', '.join(map(str, others))})" if others else ""
-        return StepFailure(f["step"], f"rank {r}: {f['error']}{also}", f.get("traceback", ""))
+    if reports and not timed_out:
+        return _named(min(reports, key=lambda x: x[1:3]), reports)
     if timed_out:
+        unfinished = [r for r, s in ranks.items() if s.get("state") != "done"]
         where = "; ".join(f"rank {r} {_where(ranks[r])}" for r in unfinished) or "all ranks done"
         stuck = _stuck(ranks, unfinished)
         return StepFailure(done, f"timed out after {timeout:.0f} s: {where}"
-                           + (f"; rank {stuck} is the one that stopped" if stuck is not None
-                              else ""), log[-4000:])
-    if unfinished:
-        where = "; ".join(f"rank {r} {_where(ranks[r])}" for r in unfinished)
-        return StepFailure(done, f"a rank died (torchrun exit {returncode}): {where}",
-                           log[-4000:])
+                           + (f"; rank {stuck} is the one that stopped (the others waited for "
+                              "it)" if stuck is not None else ""), log[-4000:])
     # Every rank reported done: a non-zero exit after that is a crash at process teardown
     # (seen with gloo, pandas and pyarrow loaded: "terminate called without an active
     # exception"), after every result was written. The run is complete.
     return None
+
+
+def _reports(ranks: dict, done: int) -> list[tuple]:
+    """Every failure a rank reported, as (collateral, step, rank, text, traceback): an error
+    that ended the rank (`state` "error", at the step it had reached) or a failed step."""
+    reports = []
+    for r, s in ranks.items():
+        if s.get("state") == "error":
+            where = _where(s, failed=True)
+            text = f"rank {r} failed{' ' * bool(where)}{where}: {s['error']}"
+            reports.append((_collateral(s["error"]), done, r, text, s.get("traceback", "")))
+        elif s.get("state") == "done" and s.get("failure"):
+            f = s["failure"]
+            reports.append((_collateral(f["error"]), f["step"], r, f"rank {r}: {f['error']}",
+                            f.get("traceback", "")))
+    return reports
+
+
+def _named(first: tuple, reports: list[tuple]) -> StepFailure:
+    """The run's failure from its first report; the other ranks' reports said in a few words:
+    those of their own ("also on rank 0"), and those that only lost the first rank."""
+    collateral, step, rank, text, tb = first
+    others = [x for x in reports if x[2] != rank]
+    own = sorted(x[2] for x in others if not x[0] or collateral)
+    lost = sorted(x[2] for x in others if x[0] and not collateral)
+    if own:
+        text += f" (also on rank {', '.join(map(str, own))})"
+    if lost:
+        text += f" (then rank {', '.join(map(str, lost))} lost its peer)"
+    return StepFailure(step, text, tb)
 
 
 _COLLATERAL = ("Connection closed by peer", "Connection reset", "Broken pipe", "NCCL error",
@@ -201,22 +264,32 @@ def _collateral(error: str) -> bool:
     return any(marker in error for marker in _COLLATERAL)
 
 
-def _where(state: dict) -> str:
+def _where(state: dict, failed: bool = False) -> str:
+    """Where a rank was, from its last progress report (`failed`: how its error is placed)."""
     p = state.get("progress")
     if not p:
-        return "never started"
-    if p["event"] == "setup":
-        return "stopped while building the target"
+        return "before it started" if failed else "never started"
+    if p["event"] in _SETUP:
+        return _SETUP[p["event"]][failed]
     phase = {"begin": "before its backward", "backward": "in its backward",
              "end": "after finishing"}[p["event"]]
-    return f"stopped in step {p['step']}, {phase}"
+    return f"in step {p['step']}, {phase}" if failed else f"stopped in step {p['step']}, {phase}"
+
+
+# The progress a rank reports before its first step (`worker`): (where it stopped, where it
+# failed; an error while importing or building says so itself, `target.load_target`).
+# "built": its target is built and it waits for the others (DDP's first broadcast).
+_SETUP = {"importing": ("stopped while importing the target", ""),
+          "setup": ("stopped while building the target", ""),
+          "built": ("had built the target and was waiting for the others",
+                    "after building the target")}
+_ORDER = {"importing": 0, "setup": 1, "built": 2, "begin": 3, "backward": 4, "end": 5}
 
 
 def _stuck(ranks: dict, unfinished: list[int]) -> int | None:
     """The rank that is behind: the others wait for it in a collective."""
-    order = {"setup": 0, "begin": 1, "backward": 2, "end": 3}
     position = {r: ((ranks[r]["progress"] or {}).get("step", -2),
-                    order.get((ranks[r]["progress"] or {}).get("event"), -1))
+                    _ORDER.get((ranks[r]["progress"] or {}).get("event"), -1))
                 for r in unfinished}
     if len(position) < 2:
         return unfinished[0] if unfinished else None

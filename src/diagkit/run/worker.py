@@ -37,12 +37,19 @@ def main(argv: list[str]) -> int:
     try:
         return _run(spec, rank, files)
     except BaseException as exc:  # report it to the launcher, then end this rank
-        files.status({"state": "error", "error": f"{type(exc).__name__}: {exc}",
+        files.status({"state": "error", "error": _error_text(exc),
                       "traceback": traceback.format_exc()})
         return 1
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _error_text(exc: BaseException) -> str:
+    """One line for the launcher: diagkit's own errors are sentences already (a target that
+    raised while building says so, with its exception); anything else gets its type."""
+    from ..core.errors import DiagkitError
+    return str(exc) if isinstance(exc, DiagkitError) else f"{type(exc).__name__}: {exc}"
 
 
 class _RankFiles:
@@ -75,13 +82,19 @@ class _RankFiles:
 def _run(spec: dict, rank: int, files: _RankFiles) -> int:
     from ..measure.shards import any_sharded
     from .pipeline import observe
-    from .target import load_target
+    from .target import load_target, resolve_target
 
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if cuda else "gloo",
                             timeout=timedelta(seconds=spec["collective_timeout"]))
+    # Where this rank is before its first step, so that a rank that hangs or fails there is
+    # told from the ranks that waited for it: importing, building, then "built" (waiting for
+    # the others in the first collective). The import here is checked and then made again by
+    # load_target, as in one process (`diagkit check` imports the target before running it).
+    files.progress("importing", -1, None)
+    resolve_target(spec["target"])
     files.progress("setup", -1, None)
     setup = load_target(spec["target"], **spec["target_args"])
     if spec.get("checkpoint"):
@@ -94,6 +107,7 @@ def _run(spec: dict, rank: int, files: _RankFiles) -> int:
     if plan:  # --try-fix's fixed run: the plan applied to this rank's fresh copy
         from .fixes import fix_for_ranks
         setup, applied = fix_for_ranks(setup, plan)
+    files.progress("built", -1, None)
     # FSDP2 reduces the gradients itself: a DDP around it would reduce them twice.
     wrapped_by_us = not isinstance(setup.model, DDP) and not any_sharded(setup.model)
     fup = True if not plan or plan.get("find_unused_parameters") is None else bool(
