@@ -284,3 +284,49 @@ def test_a_rank_that_hangs_while_building_is_the_one_the_others_waited_for(fault
     assert "rank 1 stopped while building the target" in text, text
     assert "rank 1 is the one that stopped (the others waited for it)" in text, text
     assert ranks_left(faults) == []
+
+
+# Rank 1's all-reduce of FSDP2's shard combine (inside the observer's end_step) fails at
+# step 1, and its process lingers after that (a producer thread of the target's that is no
+# daemon): rank 0 only loses its peer, and torchrun would wait for rank 1 until --timeout.
+COMBINE = textwrap.dedent('''
+    import os, pathlib, sys, threading, time
+    import torch
+    import torch.distributed as dist
+
+    HERE = pathlib.Path(__file__).parent
+    sys.path.insert(0, os.environ["DIAGKIT_EXAMPLES"])
+    from fsdp2_job import build as sharded
+
+    def build():
+        setup = sharded(steps=3)
+        (HERE / "pids").mkdir(exist_ok=True)
+        (HERE / "pids" / f"rank{dist.get_rank()}").write_text(str(os.getpid()))
+        if dist.get_rank() == 1:
+            real, stepped = dist.all_reduce, []
+            setup["optimizer"].register_step_post_hook(lambda *_: stepped.append(1))
+
+            def all_reduce(tensor, *args, **kwargs):
+                # the shard combine's vector, at the end of step 1 (its optimizer step done)
+                if tensor.dtype == torch.float64 and tensor.dim() == 2 and len(stepped) == 2:
+                    raise RuntimeError("rank 1's combine failed on purpose")
+                return real(tensor, *args, **kwargs)
+
+            dist.all_reduce = all_reduce
+            threading.Thread(target=time.sleep, args=(600,), daemon=False).start()
+        return setup
+''')
+
+
+def test_a_rank_failing_in_the_fsdp2_shard_combine_is_named_and_ends_the_run(tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.setenv("DIAGKIT_EXAMPLES", str(Path(__file__).resolve().parents[2] / "examples"))
+    (tmp_path / "combine.py").write_text(COMBINE)
+    started = time.monotonic()
+    diag = diagnose_distributed(f"{tmp_path / 'combine.py'}:build", nproc=2, timeout=100)
+    assert time.monotonic() - started < 80  # not the --timeout: the report ends it
+    assert diag.failure.step == 1 and diag.meta["steps_observed"] == 1
+    assert diag.failure.error.startswith("rank 1 failed in step 1"), diag.failure.error
+    assert "RuntimeError: rank 1's combine failed on purpose" in diag.failure.error
+    assert "rank 0 failed" not in diag.failure.error
+    assert ranks_left(tmp_path) == []
