@@ -330,3 +330,15 @@ def test_a_rank_failing_in_the_fsdp2_shard_combine_is_named_and_ends_the_run(tmp
     assert "RuntimeError: rank 1's combine failed on purpose" in diag.failure.error
     assert "rank 0 failed" not in diag.failure.error
     assert ranks_left(tmp_path) == []
+
+
+def test_a_rank_that_hangs_while_importing_the_target_is_named_with_the_phase(faults):
+    """Only rank 1 hangs at import (the launcher's own check of the target imports fine)."""
+    (faults / "HANG_AT_IMPORT").touch()
+    with pytest.raises(DiagkitError) as caught:
+        diagnose_distributed(f"{faults / 'faults.py'}:build", nproc=2, timeout=45)
+    text = str(caught.value)
+    assert "rank 1 stopped while importing the target" in text, text
+    assert "rank 0 had built the target and was waiting for the others" in text, text
+    assert "rank 1 is the one that stopped" in text, text
+    assert ranks_left(faults) == []

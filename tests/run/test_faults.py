@@ -281,6 +281,34 @@ def test_timeout_bounds_a_report_run(targets):
     assert (targets / "rep" / "report.html").is_file()
 
 
+
+# A module that never finishes importing (a lock, a server that never answers): `--timeout`
+# bounds the import diagkit makes first to check the target, in one process and under
+# --nproc, as it bounds the run (issue 21).
+HANGS_AT_IMPORT = "import threading\nthreading.Event().wait()\ndef build():\n    pass\n"
+
+
+@pytest.mark.parametrize("nproc", ["1", "2"])
+def test_timeout_bounds_a_target_that_hangs_at_import(tmp_path, nproc):
+    (tmp_path / "stuck.py").write_text(HANGS_AT_IMPORT)
+    started = time.monotonic()
+    line = one_error_line(run("check", "stuck.py:build", "--timeout", "4", "--nproc", nproc,
+                              cwd=tmp_path, timeout=120))
+    assert line == "diagkit: error: timed out after 4 s (--timeout) while importing the target"
+    assert time.monotonic() - started < 60
+
+
+def test_timeout_bounds_each_demo_run(tmp_path):
+    """`diagkit demo` takes --timeout (default 120 s): a demo run of a million steps ends
+    with the one line of a timed-out run, and its report shows the steps before it."""
+    proc = run("demo", "--steps", "1000000", "--timeout", "4", "--out", "rep", cwd=tmp_path,
+               timeout=240)
+    line = one_error_line(proc)
+    assert line.startswith("diagkit: error: timed out after 4 s (--timeout) in step "), line
+    assert (tmp_path / "rep" / "report.html").is_file()
+    findings = json.loads((tmp_path / "rep" / "meta_memory" / "findings.json").read_text())
+    assert findings["meta"]["timed_out"] is True and findings["meta"]["steps_observed"] >= 1
+
 # ------------------------------------------------------------------ 11: sys.exit in a target
 def test_sys_exit_at_import_is_exit_2(tmp_path):
     (tmp_path / "quits.py").write_text("import sys\nsys.exit(4)\ndef build():\n    pass\n")

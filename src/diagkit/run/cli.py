@@ -15,7 +15,7 @@ from ..core.files import check_output
 from ..core.format import one_line
 from ..core.options import DEFAULTS, DELTA_MODES, HELP, check_meta_options, check_option
 from . import signals
-from .cli_run import bounded as _bounded
+from .cli_run import bounded as _bounded, import_timeout as _import_timeout
 from .cli_run import parse_target_args as _parse_target_args
 from .cli_run import precheck_target as _precheck_target
 
@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=_option("steps"), default=DEFAULTS["steps"], metavar="N",
                       help=HELP["steps"])
     demo.add_argument("--show-code", action="store_true", help="show the notebook's code")
+    demo.add_argument("--timeout", type=_option("timeout"), default=DEFAULTS["timeout"],
+                      metavar="SECONDS", help="bound each demo's run (default: %(default)s s)")
 
     books = sub.add_parser("notebooks", help="copy the notebooks diagkit ships into DIR")
     books.add_argument("dir", metavar="DIR", help="folder to copy them into (made if missing)")
@@ -164,7 +166,7 @@ def _diagnose_target(args):
     kwargs = _parse_target_args(args.arg)
     check_meta_options(args.meta, nproc=args.nproc, checkpoint=args.checkpoint,
                        label="--{}".format)
-    _precheck_target(args.target, kwargs, args.checkpoint)
+    _precheck_target(args.target, kwargs, args.checkpoint, _import_timeout(args))
     from .api import run_target
     from .pipeline import judge_observation
     with _bounded(args, lambda obs: _check_outputs(args, judge_observation(obs))):
@@ -209,7 +211,7 @@ def _report(args) -> int:
     kwargs = _parse_target_args(args.arg or [])
     check_meta_options(bool(args.meta), nproc=args.nproc or DEFAULTS["nproc"],
                        checkpoint=args.checkpoint, label="--{}".format)
-    _precheck_target(args.target, kwargs, args.checkpoint)
+    _precheck_target(args.target, kwargs, args.checkpoint, _import_timeout(args))
     params = {"target": args.target, "target_args": kwargs, "checkpoint": args.checkpoint or "",
               "trust_checkpoint": bool(args.trust_checkpoint)}
     # only what was given: the rest keep the notebook's defaults (no --steps: the target's)
@@ -275,8 +277,9 @@ def _demo(args) -> int:
     from .report import write_report
     sections = {f"diagkit.demos:{name}": {"target": f"diagkit.demos:{name}",
                                           "steps": args.steps} for name in DEMOS}
-    result = write_report(args.out, sections, show_code=args.show_code,
-                          title="diagkit demo report")
+    with _bounded(args):  # the demos are small: each run is bounded by default
+        result = write_report(args.out, sections, show_code=args.show_code,
+                              title="diagkit demo report")
     return _report_exit(result, "never")
 
 

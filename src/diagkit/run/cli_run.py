@@ -30,15 +30,29 @@ def bounded(args, on_hard_expiry=None):
     model or a slow step on a CPU can take minutes. Under --nproc the launcher bounds the run
     with the same option (default `DEFAULTS["timeout"]`: a rank that hangs)."""
     from . import deadline
-    if (args.nproc or DEFAULTS["nproc"]) > 1 or args.timeout is None:
+    if (getattr(args, "nproc", None) or DEFAULTS["nproc"]) > 1 or args.timeout is None:
         return contextlib.nullcontext()
     return deadline.bound_runs(args.timeout, on_hard_expiry)
 
 
-def precheck_target(spec: str, kwargs: dict, checkpoint: str | None) -> None:
-    """Fail in one line before a kernel starts: the target must import and accept its args."""
+def import_timeout(args) -> float | None:
+    """The bound of `precheck_target`'s import: `--timeout`, as for the run (under --nproc
+    its default too, since the ranks are bounded by default)."""
+    if (getattr(args, "nproc", None) or DEFAULTS["nproc"]) > 1:
+        return args.timeout or DEFAULTS["timeout"]
+    return args.timeout
+
+
+def precheck_target(spec: str, kwargs: dict, checkpoint: str | None,
+                    timeout: float | None = None) -> None:
+    """Fail in one line before a kernel starts: the target must import and accept its args.
+    `timeout`: the import's bound (`import_timeout`; a target that hangs at import is one line
+    naming the phase, exit 2)."""
+    from . import deadline
     from .target import check_kwargs, resolve_target
-    check_kwargs(resolve_target(spec), spec, kwargs)
+    with deadline.bound_import(timeout):
+        fn = resolve_target(spec)
+    check_kwargs(fn, spec, kwargs)
     if checkpoint:
         from ..measure.checkpoint_kind import locate
         locate(checkpoint)  # a missing path, or a folder that is no checkpoint: one line

@@ -3,9 +3,11 @@
 A target that hangs (a `batch_fn` waiting on a queue nobody fills, a dead data server) would hang
 `check` and `report` forever. The command line bounds each run: `bound_runs(seconds)` sets the
 bound in `$DIAGKIT_RUN_TIMEOUT`, so a notebook kernel that `diagkit report` starts inherits it;
-the clock starts when a target begins to build (`mark("building")` in `load_target`) and stops
-when its steps are done (`finish`). The loop says where it is (`mark(phase, step)`), so the one
-line at expiry names the step and the phase.
+the clock starts when a target begins to import (`mark("importing")` in `load_target`) and
+stops when its steps are done (`finish`). The loop says where it is (`mark(phase, step)`), so
+the one line at expiry names the step and the phase. The import the command line makes first,
+to check a target before it runs it, launches ranks or starts a kernel, is bounded on its own
+clock by the same `--timeout` (`bound_import`).
 
 At expiry a watchdog thread sends SIGALRM to the main thread, whose handler raises `TimedOut`
 there: a Python-level wait in the user's code (sleep, a lock, a queue, a socket) is woken, the
@@ -26,6 +28,7 @@ import signal
 import sys
 import threading
 
+from ..core.errors import TargetError
 from ..core.options import check_option
 
 ENV = "DIAGKIT_RUN_TIMEOUT"
@@ -54,8 +57,9 @@ class Deadline:
         threading.Thread(target=self._watch, name="diagkit-timeout", daemon=True).start()
 
     def message(self) -> str:
-        where = ("while building the setup" if self.step is None
-                 else f"in step {self.step}, {self.phase}")
+        where = (f"in step {self.step}, {self.phase}" if self.step is not None
+                 else "while importing the target" if self.phase == "importing"
+                 else "while building the setup")
         return f"{PREFIX} {self.seconds:g} s (--timeout) {where}"
 
     def _raise(self, _signum, _frame):
@@ -113,12 +117,34 @@ def bound_runs(seconds, on_hard_expiry=None):
         os.environ.pop(ENV) if before is None else os.environ.__setitem__(ENV, before)
 
 
+@contextlib.contextmanager
+def bound_import(seconds):
+    """Bound by `seconds` (None: no bound) the import of a target that the command line
+    makes to check it before it runs: a module that hangs at import (a lock, a server that
+    never answers) would otherwise hang `diagkit` before any run's clock starts. Its expiry is
+    one line (a TargetError naming the phase), as for a run."""
+    if seconds is None:
+        yield
+        return
+    clock = Deadline(float(check_option("timeout", seconds, "--timeout")))
+    clock.phase = "importing"
+    try:
+        yield
+    except TimedOut as exc:  # woken after the import's own handlers (or between them)
+        raise TargetError(str(exc)) from None
+    finally:
+        clock.finish()
+
+
+_STARTS = ("importing", "building")  # the first marks of a run (`target.load_target`)
+
+
 def mark(phase: str, step: int | None = None) -> None:
     """Where the run is now. The first mark of a run under a bound starts its clock."""
     global _active
     if _active is None or _active.finished:
         seconds = os.environ.get(ENV)
-        if not seconds or phase != "building":
+        if not seconds or phase not in _STARTS:
             return
         _active = Deadline(float(seconds))
     _active.phase, _active.step = phase, step

@@ -4,7 +4,9 @@ gloo on CPU, NCCL on GPUs, a free port chosen by torchrun's standalone rendezvou
 writes its observations to a run folder as it goes; this side waits with a deadline, then
 assembles them into one `Diagnosis` whose steps table has a `rank` column. A rank that raises,
 hangs or dies ends the run within the deadline with an error naming the rank, the steps before
-it are kept, and the whole process group is killed: no process outlives the call.
+it are kept, and the whole process group is killed: no process outlives the call. The rank
+named is the cause: a rank's own error wins over the collective errors its exit gave the
+others, and a rank still building (or importing) is the one the others waited for.
 """
 
 from __future__ import annotations

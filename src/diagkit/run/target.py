@@ -132,10 +132,11 @@ def load_target(spec: str, **kwargs) -> Setup:
     Meanwhile every optimizer group built is recorded with the user's line that built it
     (`Setup.optimizer_sources`; the patches come off when the build ends, however it ends).
     """
-    deadline.mark("building")  # under --timeout, the run's clock starts here
+    deadline.mark("importing")  # under --timeout, the run's clock starts here
     try:
         with target_folder_importable(spec), record_optimizer_sources() as recorder:
             fn = resolve_target(spec)
+            deadline.mark("building")
             check_kwargs(fn, spec, kwargs)
             result = _build(fn, spec, kwargs)
         setup = Setup.from_mapping(result, origin=f"target {spec!r}")
