@@ -96,8 +96,32 @@ def _lost(w) -> str:
 
 
 def _at_exit() -> None:
+    ctrl_c = _ending_by_ctrl_c()
     _end_live("exit")
     _uninstall()
+    if ctrl_c:
+        _keep_ctrl_c_exit()
+
+
+def _ending_by_ctrl_c() -> bool:
+    """Whether a Ctrl-C (an uncaught KeyboardInterrupt) ended the main program: the interpreter
+    then ends by SIGINT itself (exit status 130). A REPL or a notebook kernel, where an earlier
+    interrupt leaves the same trace, does not."""
+    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    ipython = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)
+    return (isinstance(last, KeyboardInterrupt) and not hasattr(sys, "ps1")
+            and not sys.flags.interactive and ipython() is None)
+
+
+def _keep_ctrl_c_exit() -> None:
+    """CPython (until gh-128130 was fixed) forgets that the program died of Ctrl-C as soon
+    as an atexit callback evaluates a string (namedtuple and dataclass creation do, in pandas
+    and pyarrow): the exit status became 1. A string that raises KeyboardInterrupt, evaluated
+    the same way, sets that record again."""
+    try:
+        exec("raise KeyboardInterrupt", {})  # noqa: S102 - a constant, for the record it sets
+    except KeyboardInterrupt:
+        pass
 
 
 def _install() -> None:
