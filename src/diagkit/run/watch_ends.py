@@ -38,7 +38,7 @@ def started(w) -> None:
     _LIVE.append(weakref.ref(w, _gone))
     atexit.unregister(_at_exit)  # registered again: runs before what was registered until now,
     atexit.register(_at_exit)    # as a callback registered by this watch itself would
-    if _STATE["previous"] is None:
+    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:  # first, or the user set theirs
         _install()
 
 
@@ -132,7 +132,7 @@ def _install() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.getsignal(signal.SIGTERM)
-    if previous is None or previous == signal.SIG_IGN or previous is _on_sigterm:
+    if previous is None or previous == signal.SIG_IGN:
         return
     signal.signal(signal.SIGTERM, _on_sigterm)
     _STATE["previous"] = previous
