@@ -24,7 +24,9 @@ import diagkit
 pytestmark = pytest.mark.xdist_group("watch_ends")  # one worker starts the processes once
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+# Not OMP_NUM_THREADS=1: pyarrow sizes its conversion pool by it, and with one thread it never
+# starts the pool that the interpreter's exit has shut down; 2 starts it on any machine.
+ENV = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT / "src")}
 OBSERVED = 3  # steps completed before the run ends, in the middle of the next one
 
 SCRIPT = '''
