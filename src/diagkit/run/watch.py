@@ -123,9 +123,9 @@ class Watch:
     def stop(self) -> Diagnosis | None:
         """End observing now (a step still in progress is dropped) and judge what was seen.
         Under a process group every rank must stop (training ending does it for them)."""
-        return self.end("stop")
+        return self._end("stop")
 
-    def end(self, how: str) -> Diagnosis | None:
+    def _end(self, how: str) -> Diagnosis | None:
         """`stop()`, saying why (`meta["ended"]`): "stop", or from `watch_ends` "exit" (the
         process is exiting) or "SIGTERM" (it is being terminated: no report is rendered)."""
         if not self._finished:

@@ -82,7 +82,7 @@ def _end_live(how: str) -> None:
         if w is None or w.done:
             continue
         try:
-            w.end(how)
+            w._end(how)  # the watch's own way of ending, said why
         except KeyboardInterrupt:  # Ctrl-C again while saving: the user wants out, now
             report(f"diagkit: interrupted while finishing the watch ({how})" + _lost(w))
             return
