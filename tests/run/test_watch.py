@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import math
+import signal
 import weakref
 
 import pytest
@@ -165,6 +166,41 @@ def test_ending_inside_its_hook_leaves_the_users_later_hook_alone():
     assert calls == [1, 1, 1] and w.done
     w.stop()
     assert hook_counts(model, [opt])[1] == 1  # only the user's own
+
+
+@pytest.fixture
+def users_sigterm():
+    """The user's own SIGTERM handler, in place for the test and put back after it."""
+    def handler(signum, frame):
+        raise AssertionError("not called here")
+    previous = signal.signal(signal.SIGTERM, handler)
+    yield handler
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_live_watch_takes_sigterm_and_gives_the_users_handler_back(users_sigterm):
+    """While it observes, SIGTERM saves the watch first (tests/e2e/test_watch_ends.py runs
+    it); when the watch ends, by its steps or by stop(), the user's handler is back."""
+    model, opt = dead_head()
+    w = diagkit.watch(model, opt, steps=2)
+    assert signal.getsignal(signal.SIGTERM) is not users_sigterm
+    w2 = diagkit.watch(model, opt, steps=50)  # two live watches: one handler, kept until both end
+    plain_loop(model, opt, 2)
+    assert w.done and signal.getsignal(signal.SIGTERM) is not users_sigterm
+    w2.stop()
+    assert signal.getsignal(signal.SIGTERM) is users_sigterm
+    assert w2.diagnosis.meta["ended"] == "stop" and w.diagnosis.meta["ended"] == "steps"
+
+
+def test_a_sigterm_the_user_ignores_stays_ignored():
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        model, opt = dead_head()
+        w = diagkit.watch(model, opt, steps=5)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        w.stop()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_stop_and_with_block_end_early_and_keep_the_steps():

@@ -142,11 +142,23 @@ def records(df: pd.DataFrame) -> list[dict]:
 
 
 def to_parquet(df: pd.DataFrame, path: Path) -> None:
+    """`df` as parquet (tuple columns as JSON text), converted on this thread alone.
+
+    `DataFrame.to_parquet` lets pyarrow convert the columns on a `concurrent.futures` thread
+    pool once a table has more than 100 rows per column (a watch of 800 tensors over 3 steps).
+    A watch that ends with the process saves from an `atexit` callback, which runs after
+    `threading` has shut that pool down ("cannot schedule new futures after interpreter
+    shutdown"; Python 3.12 refuses any new thread there), so nothing here may start a Python
+    thread. Arrow's own C++ threads, which write the file, are not Python threads.
+    """
+    import pyarrow as pa  # imported here: reading and writing parquet is rare
+    import pyarrow.parquet as pq
+
     out = df.copy()
     for col in TUPLE_COLUMNS:
         if col in out:
             out[col] = out[col].map(lambda t: json.dumps(list(t)))
-    out.to_parquet(path, index=False)
+    pq.write_table(pa.Table.from_pandas(out, preserve_index=False, nthreads=1), path)
 
 
 def from_parquet(path: Path) -> pd.DataFrame:

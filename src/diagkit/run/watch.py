@@ -13,11 +13,8 @@ does changes training: it only reads tensors, never writes them, and never raise
 
 from __future__ import annotations
 
-import atexit
 import sys
 import time
-import warnings
-import weakref
 from pathlib import Path
 
 import torch
@@ -33,6 +30,7 @@ from ..measure.provenance import watch_sources
 from ..measure.step_clock import StepClock
 from ..measure.step_state import LoopFacts
 from ..measure.unwrap import unwrap_model, unwrap_optimizers
+from . import watch_ends
 from .gather import RankChannel, distributed
 from .pipeline import Observation, judge_observation
 from .watch_ranks import assemble
@@ -99,6 +97,7 @@ class Watch:
                                on_step=self._published, on_done=self._finish)
         self._diagnosis: Diagnosis | None = None
         self._finished = False
+        self._ended = "steps"  # how observing ended: steps, stop, exit, SIGTERM (meta["ended"])
         self._started = time.perf_counter()
         self.observer.attach()
         try:
@@ -106,7 +105,7 @@ class Watch:
         except BaseException:
             self.observer.detach()
             raise
-        _at_exit(self)
+        watch_ends.started(self)  # the process's end, however it comes, ends the watch too
 
     # ------------------------------------------------------------------ the user's side
     @property
@@ -124,6 +123,13 @@ class Watch:
     def stop(self) -> Diagnosis | None:
         """End observing now (a step still in progress is dropped) and judge what was seen.
         Under a process group every rank must stop (training ending does it for them)."""
+        return self._end("stop")
+
+    def _end(self, how: str) -> Diagnosis | None:
+        """`stop()`, saying why (`meta["ended"]`): "stop", or from `watch_ends` "exit" (the
+        process is exiting) or "SIGTERM" (it is being terminated: no report is rendered)."""
+        if not self._finished:
+            self._ended = how
         self._finish(None)
         if self.clock.hooks_left:  # an inert hook left by ending inside it
             self.clock.stop()
@@ -150,10 +156,19 @@ class Watch:
 
     def _finish(self, error: tuple[str, str] | None) -> None:
         """Detach everything, then (rank 0) gather, judge and save. Never raises into the
-        loop: a result that cannot be saved is a warning, and stays in `diagnosis`."""
+        loop: a result that cannot be saved is one line on stderr, and stays in `diagnosis`.
+        Only once it is saved does the watch count as ended for `watch_ends` (a SIGTERM that
+        comes meanwhile waits for the save)."""
         if self._finished:
             return
         self._finished = True
+        try:
+            self._conclude(error)
+        finally:
+            watch_ends.ended(self)
+
+    def _conclude(self, error: tuple[str, str] | None) -> None:
+        """`_finish`'s work: the observations become a `Diagnosis`, saved to `out`."""
         self.clock.stop()
         self.observer.detach()
         failure = None if error is None else StepFailure(
@@ -188,32 +203,40 @@ class Watch:
         return {"loop": "watch", "steps_requested": self.steps, "delta": self.delta,
                 "every": self.every, "optimizer_steps": self.clock.count,
                 "wrappers": self.wrappers, "losses": [], "restored": False,
+                "ended": self._ended,
                 "seconds": round(time.perf_counter() - self._started, 4),
                 "torch": torch.__version__,
                 **({"optimizer_sources": self.sources} if self.sources else {})}
 
     def _save(self) -> None:
+        """Write `out` (and the report). Never raises: a failure is one line on stderr, and the
+        result stays in `diagnosis`. A process being terminated renders no report: that takes
+        a notebook run, longer than a scheduler waits before SIGKILL."""
         if self.out is None:
             return
         try:
             self._diagnosis.save(self.out)
-            if self.report:
-                from .report import write_report
-                saved = str(self.out.resolve())
-                write_report(self.out / "report", {saved: {"diagnosis": saved}},
-                             title=f"diagkit watch: {saved}")
-        except (OSError, DiagkitError) as exc:
-            warnings.warn(f"diagkit: could not save the diagnosis to {self.out}: {exc} "
-                          "(it is still in Watch.diagnosis)", stacklevel=2)
+        except Exception as exc:  # a full disk, a folder replaced meanwhile: said, not raised
+            watch_ends.report(f"diagkit: could not save the diagnosis to {self.out}: "
+                              f"{type(exc).__name__}: {exc}" + _KEPT[self._ended])
+            return
+        if not self.report:
+            return
+        saved = str(self.out.resolve())
+        if self._ended == "SIGTERM":
+            watch_ends.report(f"diagkit: SIGTERM: the diagnosis is saved to {saved}; render its "
+                              f"report with: diagkit report --from {saved} --out {saved}/report")
+            return
+        try:
+            from .report import write_report
+            write_report(self.out / "report", {saved: {"diagnosis": saved}},
+                         title=f"diagkit watch: {saved}")
+        except Exception as exc:
+            watch_ends.report(f"diagkit: the diagnosis is saved to {saved}, but its report could "
+                              f"not be rendered: {type(exc).__name__}: {exc}")
 
 
-def _at_exit(w: Watch) -> None:
-    """A run that ends before `steps` were observed still gets its result when the process
-    exits (and `out` written), without keeping the watch alive."""
-    ref = weakref.ref(w)
-
-    def finish():
-        live = ref()
-        if live is not None and not live.done:
-            live.stop()
-    atexit.register(finish)
+# What is left of a result that could not be saved, by how the watch ended.
+_KEPT = {"steps": " (it is still in Watch.diagnosis)", "stop": " (it is still in Watch.diagnosis)",
+         "exit": " (the process is exiting: the result is lost)",
+         "SIGTERM": " (the process is being terminated: the result is lost)"}

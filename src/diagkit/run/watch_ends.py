@@ -1,0 +1,186 @@
+"""However the user's run ends, a watch still going ends with it, and `out` is written with the
+steps observed so far (README, "Diagnose your real training run").
+
+Two paths cover every end but SIGKILL and `os._exit`:
+
+- **the interpreter's exit** (`atexit`): the loop ended before `steps`, an exception or Ctrl-C
+  left it, `sys.exit`. This callback runs after `threading` has shut down the thread pools
+  (and on Python 3.12 no new thread may start), so saving must need no Python thread
+  (`core.files.to_parquet`).
+- **SIGTERM** (a scheduler pre-empting the job, `kill`, `timeout`): its default action ends the
+  process without running `atexit`. While a watch is live this handler ends the live watches
+  (their `out` written; no report rendered: a pre-empted job has seconds, not a notebook run),
+  then hands the signal on: to the handler the user had installed, else it ends the process as
+  SIGTERM would (killed by the signal: exit status 143 in a shell). When the last watch ends,
+  the user's handler is back in place.
+
+A failure while finishing is one line on stderr, never a traceback, and never changes how the
+process ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import weakref
+
+_LIVE: list = []          # weak references to the watches not yet ended, oldest first
+# The SIGTERM handler ours replaced; whether it is saving the live watches now; a SIGTERM
+# that came while a watch was saving below it, handed on once that one has saved.
+_STATE = {"previous": None, "saving": False, "pending": None}
+
+
+def started(w) -> None:
+    """`w` now observes: end it with the process if nothing else does first."""
+    _LIVE.append(weakref.ref(w, _gone))
+    atexit.unregister(_at_exit)  # registered again: runs before what was registered until now,
+    atexit.register(_at_exit)    # as a callback registered by this watch itself would
+    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:  # first, or the user set theirs
+        _install()
+
+
+def ended(w) -> None:
+    """`w` has ended and saved (however it ended): forget it. The last one gives SIGTERM back,
+    or hands on a SIGTERM that came while it was saving."""
+    _LIVE[:] = [r for r in _LIVE if r() is not None and r() is not w]
+    if _LIVE or _STATE["saving"]:  # the SIGTERM handler hands it on itself
+        return
+    pending, _STATE["pending"] = _STATE["pending"], None
+    if pending is None:
+        _uninstall()
+    else:
+        _hand_on(*pending)
+
+
+def _gone(ref) -> None:
+    """A watch collected without ending (its optimizers were dropped first): forget it, and
+    give SIGTERM back once none is left. Collection can happen in any thread."""
+    try:
+        _LIVE.remove(ref)
+        if not _LIVE and not _STATE["saving"] and _STATE["pending"] is None:
+            _uninstall()
+    except Exception:  # already forgotten, or this module torn down at the interpreter's end
+        pass
+
+
+def report(line: str) -> None:
+    """One line on stderr, flushed (the process may be about to end)."""
+    try:
+        print(" ".join(part.strip() for part in line.splitlines() if part.strip()),
+              file=sys.stderr, flush=True)
+    except Exception:  # a closed stderr: nowhere left to say it
+        pass
+
+
+def _end_live(how: str) -> None:
+    """End every live watch, newest first; one line for each that cannot finish."""
+    for ref in reversed(list(_LIVE)):
+        w = ref()
+        if w is None or w.done:
+            continue
+        try:
+            w._end(how)  # the watch's own way of ending, said why
+        except KeyboardInterrupt:  # Ctrl-C again while saving: the user wants out, now
+            report(f"diagkit: interrupted while finishing the watch ({how})" + _lost(w))
+            return
+        except Exception as exc:  # never a traceback at exit: what went wrong, in one line
+            report(f"diagkit: the watch could not finish ({how}): {type(exc).__name__}: "
+                   f"{exc}" + _lost(w))
+
+
+def _lost(w) -> str:
+    return "" if w.out is None else f"; nothing was saved to {w.out}"
+
+
+def _at_exit() -> None:
+    ctrl_c = _ending_by_ctrl_c()
+    _end_live("exit")
+    _uninstall()
+    if ctrl_c:
+        _keep_ctrl_c_exit()
+
+
+def _ending_by_ctrl_c() -> bool:
+    """Whether a Ctrl-C (an uncaught KeyboardInterrupt) ended the main program: the interpreter
+    then ends by SIGINT itself (exit status 130). A REPL or a notebook kernel, where an earlier
+    interrupt leaves the same trace, does not."""
+    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    ipython = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)
+    return (isinstance(last, KeyboardInterrupt) and not hasattr(sys, "ps1")
+            and not sys.flags.interactive and ipython() is None)
+
+
+def _keep_ctrl_c_exit() -> None:
+    """CPython (until gh-128130 was fixed) forgets that the program died of Ctrl-C as soon
+    as an atexit callback evaluates a string (namedtuple and dataclass creation do, in pandas
+    and pyarrow): the exit status became 1. A string that raises KeyboardInterrupt, evaluated
+    the same way, sets that record again."""
+    try:
+        exec("raise KeyboardInterrupt", {})  # noqa: S102 - a constant, for the record it sets
+    except KeyboardInterrupt:
+        pass
+
+
+def _install() -> None:
+    """Set the SIGTERM handler, keeping the one it replaces. Not where the user's own choice
+    stands in the way: SIGTERM ignored (the process would not end), a handler set outside
+    Python (it could not be put back), or a thread other than the main one (signals can only
+    be set there)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is None or previous == signal.SIG_IGN:
+        return
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _STATE["previous"] = previous
+
+
+def _uninstall():
+    """Put the user's SIGTERM handler back (unless they replaced ours meanwhile); returns it."""
+    previous, _STATE["previous"] = _STATE["previous"], None
+    if previous is not None and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        try:
+            signal.signal(signal.SIGTERM, previous)
+        except ValueError:  # ended in another thread: ours stays, and only passes it on
+            _STATE["previous"] = previous
+    return previous
+
+
+def _on_sigterm(signum, frame) -> None:
+    """Save, then let SIGTERM do what it would have done. A watch already saving (this handler
+    interrupted it) hands the signal on once it has saved; a second SIGTERM meanwhile (a
+    launcher that signals the process and its group) does not cut a save short."""
+    if _STATE["saving"] or _STATE["pending"] is not None:
+        return
+    _STATE["saving"] = True
+    try:
+        _end_live("SIGTERM")
+    finally:
+        _STATE["saving"] = False
+    if any(r() is not None for r in _LIVE):  # still saving, below this handler
+        _STATE["pending"] = (signum, frame)
+        return
+    _hand_on(signum, frame)
+
+
+def _hand_on(signum, frame) -> None:
+    """SIGTERM as it would have been without diagkit: the user's handler, else the end of the
+    process by the signal itself (flushed first: the lines said so far are kept). From another
+    thread (a watch that saved there), the signal goes again to the main thread's handler."""
+    if threading.current_thread() is not threading.main_thread():
+        os.kill(os.getpid(), signum)
+        return
+    previous = _uninstall()
+    if callable(previous):
+        previous(signum, frame)
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
