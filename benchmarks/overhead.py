@@ -17,6 +17,8 @@ Prints a table with each measured ratio beside its goal and writes everything to
      (benchmarks/watch_time.py).
   G. the same on the GPT sharded by FSDP2 (`fully_shard`, world 1 on gloo) against that sharded
      model's plain step (benchmarks/fsdp_time.py).
+  H. `import diagkit` over `import torch`, in the same fresh process (medians over a few
+     processes), which heavy modules it loaded, and the first use of `diagkit.watch`.
   E. with --device cuda: the ~350M-parameter GPT on the GPU (step ratio per delta mode, host
      syncs and device bytes allocated per observed step, peak device memory per mode).
 
@@ -58,7 +60,9 @@ GOALS = {
     "extra_memory_per_param_byte": 1.0,   # plus a small constant
     "memory_constant_mb": 64.0,           # what "a small constant" is taken to be here
     "report_seconds": 30.0,
+    "import_seconds_over_torch": 1.0,   # import diagkit, after import torch
 }
+HEAVY = ("pandas", "pyarrow", "matplotlib", "ipywidgets", "papermill", "torch.distributed.tensor")
 
 SIZES = {
     "full": {
@@ -69,6 +73,7 @@ SIZES = {
         "mem_steps": 3,
         "report": dict(tensors=2000, steps=200),
         "stride": dict(tensors=2000, steps=1000, every=100, full_steps=20),
+        "import_runs": 5,
     },
     "quick": {
         "gpt": dict(layers=2, d=64, heads=4, vocab=500, batch=4, ctx=16),
@@ -77,6 +82,7 @@ SIZES = {
         "mem_steps": 2,
         "report": dict(tensors=200, steps=20),
         "stride": dict(tensors=200, steps=100, every=10, full_steps=5),
+        "import_runs": 2,
     },
     "cuda": {
         "gpt_large": dict(layers=24, d=1024, heads=16, vocab=32000, batch=8, ctx=256),
@@ -644,6 +650,34 @@ def time_report(n_tensors: int, n_steps: int, out_dir: Path) -> dict:
 
 
 # ============================================================== main
+_IMPORT_CHILD = """
+import json, sys, time
+t0 = time.perf_counter(); import torch
+t1 = time.perf_counter(); import diagkit
+t2 = time.perf_counter(); loaded = [m for m in HEAVY if m in sys.modules]
+torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # torch loads torch._dynamo
+t3 = time.perf_counter(); diagkit.watch
+t4 = time.perf_counter()
+print(json.dumps({"torch_s": t1 - t0, "diagkit_s": t2 - t1, "first_optimizer_s": t3 - t2,
+                  "watch_first_use_s": t4 - t3, "loaded_by_import": loaded}))
+"""
+
+
+def time_import(runs: int) -> dict:
+    """H: each run a fresh interpreter (nothing cached in sys.modules, the OS file cache warm
+    after the first): `import torch`, then `import diagkit`, then, as in a program that built
+    its optimizer (torch's first optimizer imports torch._dynamo and DTensor itself), the
+    first use of `diagkit.watch`."""
+    child = f"HEAVY = {HEAVY!r}\n" + _IMPORT_CHILD
+    got = [json.loads(subprocess.run([sys.executable, "-c", child], capture_output=True,
+                                     text=True, check=True).stdout) for _ in range(runs + 1)]
+    got = got[1:]  # the first run warms the file cache
+    med = {k: statistics.median(g[k] for g in got)
+           for k in ("torch_s", "diagkit_s", "first_optimizer_s", "watch_first_use_s")}
+    return {**med, "runs": len(got), "loaded_by_import": got[-1]["loaded_by_import"],
+            "all": got}
+
+
 def _mark(value: float, goal: float) -> str:
     return "met" if value <= goal else "NOT met"
 
@@ -654,7 +688,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the observed step")
     ap.add_argument("--out", default="out/bench.json", help="JSON output path")
     ap.add_argument("--skip", action="append", default=[],
-                    choices=["time", "watch", "fsdp", "memory", "report", "stride"])
+                    choices=["time", "watch", "fsdp", "memory", "report", "stride", "import"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: the ~350M-parameter GPT variant on the GPU (time and memory)")
     ap.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
@@ -766,6 +800,21 @@ def main(argv=None) -> int:
                           "small with every=k" if label != "every_1" else "-",
                           "met" if label != "every_1" and run["memory_bytes"] < 64 * 2**20
                           else "-"))
+    if "import" not in args.skip:
+        print("[import] ...", file=sys.stderr, flush=True)
+        imp = time_import(sz["import_runs"])
+        result["import"] = imp
+        goal = GOALS["import_seconds_over_torch"]
+        lines.append(("import diagkit, over import torch (same process)",
+                      f"{imp['diagkit_s']:.3f} s (import torch {imp['torch_s']:.2f} s; medians "
+                      f"of {imp['runs']} fresh processes)", f"< {goal:.0f} s",
+                      _mark(imp["diagkit_s"], goal)))
+        lines.append(("  heavy modules loaded by import diagkit",
+                      ", ".join(imp["loaded_by_import"]) or "none", "none",
+                      "met" if not imp["loaded_by_import"] else "NOT met"))
+        lines.append(("  first use of diagkit.watch, after the first optimizer was built",
+                      f"{imp['watch_first_use_s']:.2f} s (the observing code, pandas; the "
+                      f"optimizer itself {imp['first_optimizer_s']:.2f} s)", "-", "-"))
     result["wall_s"] = time.perf_counter() - started
     _print_and_save(result, lines, out_path, args.profile)
     return 0
@@ -820,6 +869,21 @@ def main_cuda(args) -> int:
                       f"({m['param_bytes'] / 2**30:.2f} GiB)",
                       f"<= 1.0x params + {GOALS['memory_constant_mb']:.0f} MiB",
                       _mark(extra, m["param_bytes"] + GOALS["memory_constant_mb"] * 2**20)))
+    if "import" not in args.skip:
+        print("[import] ...", file=sys.stderr, flush=True)
+        imp = time_import(sz["import_runs"])
+        result["import"] = imp
+        goal = GOALS["import_seconds_over_torch"]
+        lines.append(("import diagkit, over import torch (same process)",
+                      f"{imp['diagkit_s']:.3f} s (import torch {imp['torch_s']:.2f} s; medians "
+                      f"of {imp['runs']} fresh processes)", f"< {goal:.0f} s",
+                      _mark(imp["diagkit_s"], goal)))
+        lines.append(("  heavy modules loaded by import diagkit",
+                      ", ".join(imp["loaded_by_import"]) or "none", "none",
+                      "met" if not imp["loaded_by_import"] else "NOT met"))
+        lines.append(("  first use of diagkit.watch, after the first optimizer was built",
+                      f"{imp['watch_first_use_s']:.2f} s (the observing code, pandas; the "
+                      f"optimizer itself {imp['first_optimizer_s']:.2f} s)", "-", "-"))
     result["wall_s"] = time.perf_counter() - started
     _print_and_save(result, lines, out_path, args.profile)
     return 0

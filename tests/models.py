@@ -193,3 +193,28 @@ def make_prompt_loss():
     def loss_fn(model, batch):
         return (model(batch, prompt) * scale).pow(2).mean()
     return loss_fn, prompt, scale
+
+
+class GanPair(nn.Module):
+    """A tiny DCGAN: `G` maps noise to samples, `D` scores them (one logit). The canonical
+    loop (`tests/run/test_carried_grad.py`) backpropagates G's loss through D after D stepped."""
+
+    def __init__(self, d_noise=3, d_data=4, d_hidden=8):
+        super().__init__()
+        self.G = nn.Sequential(nn.Linear(d_noise, d_hidden), nn.ReLU(), nn.Linear(d_hidden, d_data))
+        self.D = nn.Sequential(nn.Linear(d_data, d_hidden), nn.LeakyReLU(0.2),
+                               nn.Linear(d_hidden, 1))
+
+
+class ActorCritic(nn.Module):
+    """A shared trunk with a policy head and a value head: two losses through one trunk."""
+
+    def __init__(self, d_obs=4, d_hidden=8, n_actions=3):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(d_obs, d_hidden), nn.Tanh())
+        self.actor = nn.Linear(d_hidden, n_actions)
+        self.critic = nn.Linear(d_hidden, 1)
+
+    def forward(self, obs):
+        h = self.trunk(obs)
+        return torch.log_softmax(self.actor(h), dim=-1), self.critic(h).squeeze(-1)

@@ -7,16 +7,52 @@
 The package is layered (see the README's "Development" section): `core` (result types, schema,
 severity, options), `measure` (the only hooks), `judge` (verdicts, findings, advice),
 `present` (text, HTML, figures, explorer) and `run` (targets, the loop, the pipeline, CLI,
-notebooks, reports). Importing diagkit has no side effects.
+notebooks, reports). Importing diagkit has no side effects, and is cheap: each public name is
+imported when it is first used (PEP 562), so `import diagkit` loads neither pandas nor the
+rest of the package (benchmarks/README.md, "Import").
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from .core.errors import DiagkitError
-from .core.result import Diagnosis, Finding, load
 from .core.version import VERSION as __version__
-from .judge.verdicts import VERDICTS
-from .run.api import diagnose
-from .run.target import Setup, load_target
-from .run.watch import watch
+
+# name -> (module, attribute): where each public name lives, imported on first use.
+_LAZY = {
+    "watch": (".run.watch", "watch"),
+    "diagnose": (".run.api", "diagnose"),
+    "load_target": (".run.target", "load_target"),
+    "Setup": (".run.target", "Setup"),
+    "Diagnosis": (".core.result", "Diagnosis"),
+    "Finding": (".core.result", "Finding"),
+    "load": (".core.result", "load"),
+    "VERDICTS": (".judge.verdicts", "VERDICTS"),
+}
 
 __all__ = ["watch", "diagnose", "load_target", "Setup", "Diagnosis", "Finding", "load", "VERDICTS",
            "DiagkitError", "__version__"]
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
+    from .core.result import Diagnosis, Finding, load
+    from .judge.verdicts import VERDICTS
+    from .run.api import diagnose
+    from .run.target import Setup, load_target
+    from .run.watch import watch
+
+
+def __getattr__(name: str):
+    """A public name's first use imports its module and keeps the name here."""
+    try:
+        module, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'diagkit' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module, __name__), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

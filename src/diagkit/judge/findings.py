@@ -23,13 +23,30 @@ from .wording import subject
 _DDP_REDUCTION_ERROR = "Expected to have finished reduction"  # DDP's refusal of unused tensors
 
 
+class FindingContext:
+    """What an explanation may read beside its group and the folded steps (as
+    `group.attrs["context"]`): the steps as each rank observed them (`by_rank`), the wrappers
+    the model was given in (`wrappers`, None when not known) and DDP's facts (`ddp`, see
+    `measure.ddp_facts`). Shared, never copied: pandas deep-copies a frame's attrs on every
+    operation."""
+
+    def __init__(self, by_rank: pd.DataFrame, wrappers=None, ddp=None):
+        self.by_rank, self.wrappers, self.ddp = by_rank, wrappers, ddp or {}
+
+    def __deepcopy__(self, memo):
+        return self
+
+
 def build_findings(params: pd.DataFrame, steps: pd.DataFrame, check_errors=(),
-                   failure: StepFailure | None = None, extra=(), sources=()) -> list[Finding]:
+                   failure: StepFailure | None = None, extra=(), sources=(),
+                   context: dict | None = None) -> list[Finding]:
     """Every finding of a run: DDP's own refusal of unused tensors first, then worst first the
     step that failed, the rules that crashed, one per verdict per subtree, and `extra` (a
-    checkpoint's). `sources`: where each optimizer group was built (`judge.sources`)."""
+    checkpoint's). `sources`: where each optimizer group was built (`judge.sources`);
+    `context`: `wrappers` and `ddp` for `FindingContext`."""
     findings = _failure_findings(failure, check_errors)
     verdicts = params["verdicts"]
+    shared = FindingContext(steps, **(context or {}))
     steps = fold_ranks(steps)
     for code, v in VERDICTS.items():
         flagged = verdicts.map(lambda vs, c=code: c in vs).to_numpy(dtype=bool)
@@ -39,6 +56,7 @@ def build_findings(params: pd.DataFrame, steps: pd.DataFrame, check_errors=(),
         for label, rows, whole in subtrees(params, flagged):
             group = params.iloc[rows].copy()
             group.attrs["whole"] = whole
+            group.attrs["context"] = shared
             message, fix = explain(label, group, steps)
             findings.append(Finding(code, v.severity, tuple(group["name"]), message, fix,
                                     module=label, count=len(group),

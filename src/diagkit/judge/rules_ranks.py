@@ -75,10 +75,106 @@ def _explain_divergent(label, group, steps):
                 "from the rank's data?).",
                 "Make that update the same on every rank (e.g. torch.distributed.broadcast("
                 "p.data, src=0) after it), or stop updating a tensor that should stay fixed.")
-    return (f"{head}, although it required grad on every observed step: DDP does not average its "
-            "gradient, most likely because it did not require grad yet when DDP was built (it "
-            "was unfrozen after wrapping, before these steps); otherwise something changes it "
-            "outside the gradient, differently on each rank.", rebuild)
+    return _divergent_while_trainable(head, group, rebuild)
+
+
+def _divergent_while_trainable(head: str, group: pd.DataFrame, rebuild: str) -> tuple:
+    """It required grad on every observed step: name what was seen. Whether DDP averaged its
+    gradient on each step (the .grad the optimizer steps on is then the same on every rank),
+    how the model was wrapped, and DDP's tensors against the model's (`measure.ddp_facts`).
+    "Unfrozen after wrapping" only where requires_grad changed since DDP was built."""
+    ctx = group.attrs.get("context")
+    names = list(group["name"])
+    averaged = gradient_averaged(ctx.by_rank, names) if ctx is not None else {}
+    on = [k for k, a in averaged.items() if a]
+    off = [k for k, a in averaged.items() if not a]
+    head = f"{head}, although it required grad on every observed step"
+    if on and off:
+        return (f"{head}: its gradient was averaged across ranks on {_steps(on)} but not on "
+                f"{_steps(off)}, so on those the step did not go through DDP (the forward "
+                "called the model itself, or its .module, instead of the DDP wrapper, or ran "
+                "inside no_sync() before the optimizer stepped).",
+                "Run every step's forward through the DDP-wrapped model (ddp(x), not "
+                "ddp.module(x)), and step the optimizer only after a backward outside no_sync().")
+    if on:
+        return (f"{head}, and its gradient was averaged across ranks on every observed step: "
+                "something changes it outside the gradient, differently on each rank (an "
+                "in-place update from the rank's data?).",
+                "Make that update the same on every rank (e.g. torch.distributed.broadcast("
+                "p.data, src=0) after it), or stop it.")
+    return _not_averaged(head, names, ctx, rebuild)
+
+
+def _not_averaged(head: str, names: list, ctx, rebuild: str) -> tuple:
+    """Its gradient was averaged on no observed step (or that was not measured)."""
+    ddp = ctx.ddp if ctx is not None else {}
+    wrappers = ctx.wrappers if ctx is not None else None
+    if wrappers is not None and not ddp and "DistributedDataParallel" not in wrappers:
+        given = " > ".join(wrappers) if wrappers else "the bare module"
+        return (f"{head}: the model is not wrapped in DistributedDataParallel (it was given "
+                f"as {given}), so nothing averages its gradient across ranks.",
+                "Wrap it before training: ddp = DistributedDataParallel(model); run the "
+                "forward through ddp and pass ddp to diagkit.watch.")
+    replaced = {_bare(n) for n in ddp.get("replaced", ())}
+    hit = [n for n in names if _bare(n) in replaced]
+    if hit:
+        return (f"{head}: {_listed(hit)} is not the tensor DDP was built with (the parameter "
+                "was replaced after DistributedDataParallel(model) was built), so DDP "
+                "averages the gradient of the old one, never of this one.",
+                "Replace parameters before DistributedDataParallel(model) is built, or re-create "
+                "DDP after replacing them (model = DistributedDataParallel(model.module, ...)).")
+    built, now = ddp.get("num_parameter_tensors"), ddp.get("trainable_now")
+    if built is not None and now is not None and now > built:
+        return (f"{head}: DDP was built when {built} of its tensors required grad and {now} "
+                "do now, so requires_grad changed after wrapping (it was unfrozen after DDP "
+                "was built), and DDP keeps the set of tensors it averages from the moment it "
+                "was built.", rebuild)
+    if now is not None:
+        return (f"{head}: DDP was built with these same tensor objects, and no more of its "
+                "tensors require grad now than then, yet it averaged their gradient on none of "
+                "the observed steps: their storage was replaced after DDP was built (a dtype "
+                "or device round trip such as .double().float() or .to(...), or param.data = "
+                "...), which drops DDP's gradient hook.",
+                "Convert the model (dtype, device) before DistributedDataParallel(model) is "
+                "built, or re-create DDP after converting it (model = "
+                "DistributedDataParallel(model.module, ...)).")
+    return (f"{head}: DDP did not average its gradient, and the steps do not show why (made "
+            "trainable, replaced or converted after DDP was built, or changed outside the "
+            "gradient, differently on each rank).", rebuild)
+
+
+def gradient_averaged(by_rank: pd.DataFrame, names: list) -> dict[int, bool]:
+    """{step: whether every tensor of `names` with a .grad on every rank had the same .grad
+    norm at the optimizer step on all ranks} (DDP averages into bitwise-equal gradients), over
+    the steps where some did; {} without ranks or gradients."""
+    if "rank" not in by_rank or by_rank["rank"].nunique() < 2:
+        return {}
+    s = by_rank[by_rank["name"].isin(set(names))]
+    norm = pd.to_numeric(s["grad_total_norm"], errors="coerce")
+    keys = [s["name"].astype(str), s["step"]]
+    had = norm.notna().groupby(keys).all() & (s.groupby(keys)["rank"].nunique() > 1)
+    same = norm.groupby(keys).nunique(dropna=False) == 1
+    per_step = same[had].groupby(level=1).all()
+    return {int(k): bool(v) for k, v in per_step.items()}
+
+
+def _steps(ks: list[int]) -> str:
+    shown = ", ".join(map(str, ks[:6])) + (", ..." if len(ks) > 6 else "")
+    return f"step{'s' if len(ks) > 1 else ''} {shown}"
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(f"`{n}`" for n in names[:3]) + (", ..." if len(names) > 3 else "")
+    return shown
+
+
+def _bare(name: str) -> str:
+    """A parameter's name without the wrappers' prefixes (DDP's `module.`, compile's
+    `_orig_mod.`), so that DDP's names and the observed ones compare."""
+    bare = None
+    while bare != name:
+        bare, name = name, name.removeprefix("module.").removeprefix("_orig_mod.")
+    return name
 
 
 def _requires_grad_changes(group: pd.DataFrame, steps: pd.DataFrame) -> dict:

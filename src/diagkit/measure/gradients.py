@@ -81,7 +81,14 @@ class BackwardHooks:
                 handle.remove()
 
     def at_optimizer_step(self, i: int, st: StepState) -> None:
-        """Nothing to do: the gradients were measured as each backward ended."""
+        """The gradients were measured as each backward ended. A carried-over .grad counts only
+        if it is still in the .grad this optimizer steps on: a `zero_grad` after the backward
+        that landed on it (a GAN's G pass through D, discarded by D's next `zero_grad`) leaves
+        nothing carried for the optimizer to see."""
+        if st.carried:
+            holds = self.obs.holdings.holds[i]
+            for k in [k for k in st.carried if holds[k]]:
+                st.recheck_carried(k, local(self.obs.tensors[k].grad), restart_own=False)
 
     def _hook(self, k: int) -> Callable:
         obs, tensor = self.obs, self.obs.tensors[k]
@@ -89,6 +96,7 @@ class BackwardHooks:
         def hook(grad):
             if not obs.active:
                 return None
+            again = k in obs.state.touched  # reached before by this same backward
             st = self._touch(k)
             if not st.used[k]:
                 st.used[k] = True
@@ -96,7 +104,10 @@ class BackwardHooks:
                 if current is not None:  # landing on an existing .grad: keep this step's own
                     st.carried[k] = max_abs(current)
                     st.own_grad[k] = grad
-            elif k in st.own_grad:
+                return None
+            if k in st.carried and not again:  # a later backward: was the old .grad cleared?
+                st.recheck_carried(k, tensor.grad, restart_own=True)
+            if k in st.own_grad:
                 st.own_grad[k] = st.own_grad[k] + grad
             return None
         return hook

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from .shards import placement, refuse_flat_parameters
+from .unregistered import find_paths
 
 
 @dataclasses.dataclass
@@ -74,6 +75,7 @@ def take_inventory(model: torch.nn.Module, optimizers: list[torch.optim.Optimize
                 if (i, j) not in pairs:
                     pairs.append((i, j))
 
+    _name_by_path(model, tensors, rows)
     first_group = []
     for tensor, row in zip(tensors, rows):
         pairs = tuple(memberships.get(id(tensor), ()))
@@ -83,6 +85,20 @@ def take_inventory(model: torch.nn.Module, optimizers: list[torch.optim.Optimize
         first_group.append(pairs[0] if pairs else None)
         row["lr"], row["weight_decay"] = _hyper(optimizers, pairs)
     return Inventory(tensors=tensors, rows=rows, first_group=first_group, model=model)
+
+
+def _name_by_path(model, tensors: list, rows: list[dict]) -> None:
+    """A tensor an optimizer holds but the model does not is named, as an unregistered one
+    is (`measure.unregistered.find_paths`), by where it lives among the model's plain
+    attributes (`layers[0].weight`: a module kept in a plain list), with that module as its
+    own; one the model cannot reach (a forward argument, a stale head) keeps
+    `<optimizer i group j #k>`."""
+    outside = [k for k, row in enumerate(rows) if not row["in_model"]]
+    paths = find_paths(model, {id(tensors[k]) for k in outside}) if outside else {}
+    for k in outside:
+        found = paths.get(id(tensors[k]))
+        if found is not None:
+            rows[k].update(name=found[0], module=found[1], module_type=found[2])
 
 
 def _row(name, tensor, module, module_type, in_model):

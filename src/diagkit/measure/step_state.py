@@ -13,6 +13,8 @@ import math
 import numpy as np
 import torch
 
+from .kernels import max_abs
+
 
 @dataclasses.dataclass(frozen=True)
 class LoopFacts:
@@ -94,6 +96,24 @@ class StepState:
                    requires_grad=np.zeros(n, dtype=bool), lr=np.full(n, math.nan),
                    on_grad=np.zeros(n, dtype=bool),
                    stepped=np.zeros(n_optimizers, dtype=bool))
+
+    def recheck_carried(self, k: int, grad: torch.Tensor | None, restart_own: bool) -> None:
+        """Tensor k's first gradient of the step landed on an older .grad (`carried`); `grad`
+        is its .grad later (before a later backward adds to it, or as an optimizer steps).
+        Reset to None, or zeroed in place (all zero: read back with the step), the old
+        gradient is gone: nothing is carried into what the optimizer steps on. `restart_own`:
+        the step's own gradient restarts there too (what came before was discarded)."""
+        if grad is None:
+            self.carried.pop(k, None)
+            if restart_own:
+                self.own_grad.pop(k, None)
+            return
+        zeroed = max_abs(grad) == 0
+        self.carried[k] = torch.where(zeroed, torch.zeros_like(self.carried[k]),
+                                      self.carried[k])
+        if restart_own and k in self.own_grad:
+            own = self.own_grad[k]
+            self.own_grad[k] = torch.where(zeroed, own.new_zeros(()), own)
 
     def forget_reads(self, ks: np.ndarray) -> None:
         """Read `ks` again: a backward inside an optimizer's `step(closure)` (Lightning, LBFGS)
