@@ -113,7 +113,8 @@ def _pairwise(batched, one, dst, src) -> None:
 def checksum(t: torch.Tensor) -> torch.Tensor:
     """Sum and sum of squares in float64, folded: equal values give equal checksums, and
     ranks whose copies differ almost never collide."""
-    x = t.detach().to(torch.float64)
+    x = dense(t.detach())
+    x = torch.view_as_real(x.to(torch.complex128)) if x.is_complex() else x.to(torch.float64)
     return x.sum() + x.square().sum() * math.sqrt(2.0)
 
 

@@ -27,7 +27,7 @@ class FingerprintProbe:
         small = [k for k, t in enumerate(tensors) if t.numel() <= sample]
         self.exact = ExactProbe(tensors, small, likely_static)
         self.big = [k for k, t in enumerate(tensors) if t.numel() > sample]
-        self.sampled = [k for k in self.big if estimate and tensors[k].is_floating_point()]
+        self.sampled = [k for k in self.big if estimate and kernels.is_float(tensors[k])]
         self.fingerprint = Fingerprinter()
         self._last: list | None = None
 
