@@ -37,7 +37,7 @@ INTS = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bo
 DTYPES = FLOATS + INTS + [torch.complex64]
 BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 SHAPES = [(0,), (), (1,), (3,), (2, 2), (5,), (2, 3), (7,)]
-ORACLE = settings(derandomize=True, max_examples=150, deadline=None, database=None,
+ORACLE = settings(derandomize=True, max_examples=100, deadline=None, database=None,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

@@ -34,12 +34,11 @@ def change_parts(before: torch.Tensor, after: torch.Tensor) -> list[torch.Tensor
     differs = ~same
     finite = torch.isfinite(b) & torch.isfinite(a)
     moved = differs & finite
-    if before.dtype == torch.float64:  # float64's own range: b - a may overflow, so halve
-        size = 2.0 * _scaled_norm(torch.where(moved, b * 0.5 - a * 0.5, 0.0))
-        exact = _scaled_norm(torch.where(moved, b - a, 0.0))
-        size = torch.where(torch.isfinite(exact), exact, size)
-    else:  # values of up to 32 bits: their difference is exact-enough and finite in float64
-        size = torch.linalg.vector_norm(torch.where(moved, b - a, 0.0))
+    d = torch.where(moved, b - a, 0.0)  # overflows only where the true norm is past float64's
+    if before.dtype == torch.float64:  # squares past 1e154 would overflow: scale
+        size = _scaled_norm(d)
+    else:  # values of up to 32 bits: their squares are far inside float64's range
+        size = torch.linalg.vector_norm(d)
     size = torch.where((differs & ~finite).any(), math.inf, size)
     return [differs.any().double(), size, norm(b).double()]
 
