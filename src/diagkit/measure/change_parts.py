@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from .kernels import norm
+from .kernels import exact_norm, norm
 
 # Per float dtype, a norm of the value before below which `before - after` cannot overflow
 # for any finite value after (half the distance between the two largest values: 2^103 for
@@ -85,3 +85,22 @@ def row_change_norms(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     finite = torch.isfinite(b) & torch.isfinite(a)
     size = torch.linalg.vector_norm(torch.where(~same & finite, b - a, 0.0), dim=1)
     return torch.where((~same & ~finite).any(dim=1), math.inf, size)
+
+
+def nonfinite_change(diff: torch.Tensor, after: torch.Tensor,
+                      before_had_nan: bool) -> tuple[bool, float]:
+    """Exact change of a tensor whose `before - after` holds NaN, from that and `after` (a
+    host read: the rare path). NaN comes from inf - inf of the same sign (unchanged) or from a
+    NaN on either side. The tensors known to hold NaN before the step never come here (they
+    are decided in `end()` by `change_parts`), so without a NaN before, a NaN position
+    changed exactly when the value is NaN now, and the change's norm is then inf. A tensor that
+    came to hold NaN while unobserved, off the CPU, is decided as well as `diff` and `after`
+    allow: a finite value where the difference is NaN is a change, a NaN is taken as NaN before.
+    """
+    nan = torch.isnan(diff)
+    size = exact_norm(torch.where(nan, 0.0, diff))
+    if before_had_nan:
+        nan_change = bool((nan & torch.isfinite(after)).any())
+    else:
+        nan_change = bool((nan & torch.isnan(after)).any())
+    return size != 0 or nan_change, math.inf if nan_change else size

@@ -11,7 +11,7 @@ import torch
 
 from . import kernels
 from .buckets import Buckets
-from .change_parts import RISK, change_parts
+from .change_parts import RISK, change_parts, nonfinite_change
 from .readback import Pending, readback
 
 
@@ -221,7 +221,7 @@ class ExactProbe:
             j = int(order[q])
             diff = self._snap(j)
             if np.isnan(l2[q]):  # a NaN, or inf - inf: decided element by element
-                fchanged[q], l2[q] = _nonfinite_change(
+                fchanged[q], l2[q] = nonfinite_change(
                     diff, self.tensors[self.indices[self.float_pos[j]]],
                     before_had_nan=bool(np.isnan(before[q])))
                 continue
@@ -293,22 +293,3 @@ def _slab(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
             out[i] = flat[at:at + n].view(tensors[i].shape)
             at += n
     return out
-
-
-def _nonfinite_change(diff: torch.Tensor, after: torch.Tensor,
-                      before_had_nan: bool) -> tuple[bool, float]:
-    """Exact change of a tensor whose `before - after` holds NaN, from that and `after` (a
-    host read: the rare path). NaN comes from inf - inf of the same sign (unchanged) or from a
-    NaN on either side. The tensors known to hold NaN before the step never come here (they
-    are decided in `end()`, see `change_parts`), so without a NaN before, a NaN position
-    changed exactly when the value is NaN now, and the change's norm is then inf. A tensor that
-    came to hold NaN while unobserved, off the CPU, is decided as well as `diff` and `after`
-    allow: a finite value where the difference is NaN is a change, a NaN is taken as NaN before.
-    """
-    nan = torch.isnan(diff)
-    size = kernels.exact_norm(torch.where(nan, 0.0, diff))
-    if before_had_nan:
-        nan_change = bool((nan & torch.isfinite(after)).any())
-    else:
-        nan_change = bool((nan & torch.isnan(after)).any())
-    return size != 0 or nan_change, math.inf if nan_change else size
