@@ -4,8 +4,8 @@ asked `vector_norm` to narrow doubles to float32).
 
 A float64 model with an orphan (never trained) and a frozen-but-changing tensor (by 1e-12 a
 step), plus an integer step counter and a complex scale held as parameters: every dtype is
-observed and the verdicts are the same in every mode, in the user's own loop (`watch`) and diagkit's
-(`diagnose`). A watch must never raise into the user's loop.
+observed and the verdicts are the same in every mode, in the user's own loop (`watch`) and
+diagkit's (`diagnose`). A watch must never raise into the user's loop.
 """
 
 from __future__ import annotations
