@@ -80,7 +80,7 @@ def test_tensor_held_by_two_optimizers():
     assert w["memberships"] == ((0, 0), (1, 1)) and w["n_optimizers"] == 2
     assert (w["optimizer"], w["group"]) == (0, 0) and inv.first_group[0] == (0, 0)
     assert w["lr"] == 0.1  # its first group's
-    assert w["weight_decay"] == 0.3  # a group holding it decays: that decay counts
+    assert w["weight_decay"] == 0.0  # its own (first) group's, not optimizer 1's 0.3
     assert b["memberships"] == ((1, 0),) and b["n_optimizers"] == 1
     assert b["lr"] == 0.01 and b["weight_decay"] == 0.01  # AdamW's default decay
 

@@ -55,10 +55,13 @@ STEPS_COLUMNS: dict[str, str] = {
                  "exactly 0 only when every element is 0 (small values never underflow to 0)",
     "grad_total_norm": "L2 norm of the .grad the optimizer sees (NaN if None)",
     "carried_grad": "the step's first accumulation landed on a non-zero .grad from earlier",
-    "delta_norm": "L2 norm of (value after the step - value before); exactly 0 only when "
-                  "unchanged. delta='sampled': estimated from a fixed sample; 'off': NaN",
-    "update_ratio": "delta_norm / L2 norm of the value before (NaN if that is 0)",
-    "changed": "any element differs after the step (exact comparison)",
+    "delta_norm": "L2 norm of (value after the step - value before), in float64, never "
+                  "overflowing: exactly 0 only when unchanged, inf when a value changed to or "
+                  "from NaN or +-inf. delta='sampled': estimated from a fixed sample (NaN when "
+                  "the change missed it, and for non-float dtypes); 'off': NaN",
+    "update_ratio": "delta_norm / L2 norm of the value before (NaN if that is 0 or NaN)",
+    "changed": "any element differs after the step (exact comparison: NaN equal to NaN, +0.0 "
+               "to -0.0; bitwise for the fingerprinted tensors of delta='sampled'/'off')",
     "lr": "learning rate of its (first) group at optimizer-step time (NaN if none)",
     "nonfinite": "the step's fresh gradient held NaN or Inf",
     "skipped": "no optimizer holding it stepped, while one that holds it got gradients in the "

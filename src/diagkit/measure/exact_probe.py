@@ -11,7 +11,8 @@ import torch
 
 from . import kernels
 from .buckets import Buckets
-from .readback import Pending
+from .change_parts import RISK, change_parts, nonfinite_change
+from .readback import Pending, readback
 
 
 class ExactProbe:
@@ -25,16 +26,18 @@ class ExactProbe:
     def __init__(self, tensors, indices, likely_static: set[int]):
         self.tensors = tensors
         self.indices = list(indices)
-        self.float_pos = [p for p, k in enumerate(self.indices) if tensors[k].is_floating_point()]
+        self.float_pos = [p for p, k in enumerate(self.indices) if kernels.is_float(tensors[k])]
+        # Integers, bool, complex, float8: decided element-wise (`change_parts`) each step.
         self.other_pos = [p for p, k in enumerate(self.indices)
-                          if not tensors[k].is_floating_point()]
+                          if not kernels.is_float(tensors[k])]
         # Positions (into float_pos) whose change we expect to be exactly zero: for those an
         # exact zero check is queued with the norms, so confirming them costs no extra sync.
         self._expect_zero = {j for j, p in enumerate(self.float_pos)
                              if self.indices[p] in likely_static}
-        # Positions whose change came out NaN last step (a tensor holding inf or NaN, e.g. a
-        # frozen mask): their element-wise decision is queued too, instead of a sync each step.
-        self._expect_nan: set[int] = set()
+        # Positions that held NaN, inf or values large enough for `before - after` to
+        # overflow, as far as the host knows (`_careful_next`): decided element-wise from
+        # before and after, queued with the step, before the subtraction destroys `before`.
+        self._careful: set[int] = set()
         self._before: list[torch.Tensor] = []
 
     PINGPONG_BYTES = 64 << 20  # a second buffer per group, up to this much in all
@@ -74,8 +77,23 @@ class ExactProbe:
         self._loose_cpu = {j for j in self._loose
                            if tensors[self.float_pos[j]].device.type == "cpu"}
         self._ahead: dict[int, torch.Tensor] = {}
+        self._risk = np.array([RISK[self.tensors[self.indices[self.float_pos[j]]].dtype]
+                               for j in self._order], dtype=np.float64)
+        self._cpu = all(self.tensors[k].device.type == "cpu" for k in self.indices)
         with torch.no_grad():  # touch every page now: allocation is a one-off cost
             self.begin()
+        if not self._cpu:
+            self._careful = self._careful_now()  # one read-back, at attach only
+
+    def _careful_now(self) -> set[int]:
+        """The tensors whose value (before the step now begun) holds NaN, inf or values that
+        could overflow the subtraction, from the norms `begin()` took (a host read)."""
+        pieces = [p.reshape(-1) if isinstance(p, torch.Tensor) else torch.stack(p).reshape(-1)
+                  for p in self._before_norm if len(p)]
+        if not pieces:
+            return set()
+        got = readback([p.to(torch.float64) for p in pieces])
+        return set(self._order[np.flatnonzero(~(got < self._risk))].tolist())
 
     def _snap(self, j: int) -> torch.Tensor:
         """Float tensor j's snapshot: its value before the step until `end()`, then its change."""
@@ -109,9 +127,19 @@ class ExactProbe:
                 fresh = dict(zip(todo, kernels.norms([self._snap(j) for j in todo])))
                 norms.append([ahead[j] if j in ahead else fresh[j] for j in self._loose])
             self._before_norm = norms
+            if not consecutive and self._cpu:
+                # Values may have moved unobserved: on the CPU, reading the norms is free.
+                # Elsewhere the last step's knowledge stands (README, "Cost of observation").
+                self._careful = self._careful_now()
 
     def end(self, pending: Pending, tag: str = "x") -> None:
         with torch.no_grad():
+            # First, while `before` still exists: the element-wise decisions.
+            self._careful_checked = sorted(self._careful)
+            pending.add(f"{tag}.careful", [v for j in self._careful_checked for v in change_parts(
+                self._snap(j), self.tensors[self.indices[self.float_pos[j]]])])
+            pending.add(f"{tag}.other", [v for p in self.other_pos for v in change_parts(
+                self._before[p], self.tensors[self.indices[p]])])
             changes = []
             for group in self._groups:  # each group's passes back to back, while it is cached
                 after = group.spare
@@ -122,7 +150,6 @@ class ExactProbe:
                     after = self.buckets.stacked(group.g, group.members)
                 changes.append(kernels.row_norms(group.cur.sub_(after)))
             self._checked = sorted(self._expect_zero)
-            self._nan_checked = sorted(self._expect_nan)
             if self._loose:
                 changes.append(self._end_loose())
             pending.add(f"{tag}.before", [])  # the names exist even with no float tensor
@@ -132,10 +159,6 @@ class ExactProbe:
             for part in changes:
                 pending.add(f"{tag}.l2", part)
             pending.add(f"{tag}.zero", [kernels.max_abs(self._snap(j)) for j in self._checked])
-            pending.add(f"{tag}.nan", [v for j in self._nan_checked for v in _nonfinite_parts(
-                self._snap(j), self.tensors[self.indices[self.float_pos[j]]])])
-            pending.add(f"{tag}.other", [torch.ne(self._before[p], self.tensors[self.indices[p]])
-                                         .any().float() for p in self.other_pos])
 
     def _end_loose(self) -> list[torch.Tensor]:
         """The change norms of the ungrouped tensors, in `_loose` order.
@@ -146,7 +169,7 @@ class ExactProbe:
         change norm is 0 or non-finite keeps its change for `resolve` to confirm element-wise,
         as do the tensors queued for that check. Elsewhere one batched kernel per operation.
         """
-        keep = set(self._checked) | set(self._nan_checked)
+        keep = set(self._checked) | set(self._careful_checked)
         ahead_ok = self._loose_cpu - keep if self._loose_cpu else ()
         batched = [j for j in self._loose if j not in ahead_ok]
         kernels.sub_all([self._snap(j) for j in batched], self._now(
@@ -157,10 +180,10 @@ class ExactProbe:
                 continue
             before, now = self._snap(j), self.tensors[self.indices[self.float_pos[j]]]
             before.sub_(now)
-            out[j] = change = torch.linalg.vector_norm(before, dtype=torch.float32)
+            out[j] = change = kernels.norm(before)
             if 0 < float(change) < math.inf:  # a host read, but on the CPU that is free
                 before.copy_(now)
-                self._ahead[j] = torch.linalg.vector_norm(before, dtype=torch.float32)
+                self._ahead[j] = kernels.norm(before)
         return [out[j] for j in self._loose]
 
     def _now(self, positions) -> list[torch.Tensor]:
@@ -185,42 +208,55 @@ class ExactProbe:
         before = got[f"{tag}.before"]
         l2 = got[f"{tag}.l2"]  # a view of this step's read-back: ours to rewrite
         order = self._order
-        rare = np.flatnonzero(~(l2 > 0) | np.isinf(l2))  # 0, inf or NaN
+        fchanged = np.zeros(len(l2), dtype=bool)
+        decided = np.zeros(len(l2), dtype=bool)
+        if self._careful_checked:  # decided element-wise in `end()`
+            parts = got[f"{tag}.careful"].reshape(-1, 3)
+            q = self._queue_pos(self._careful_checked)
+            fchanged[q], l2[q], decided[q] = parts[:, 0] != 0, parts[:, 1], True
+        rare = np.flatnonzero(~decided & (~(l2 > 0) | np.isinf(l2)))  # 0, inf or NaN
         zero_now = set()
-        if len(rare):
-            checked = dict(zip(self._checked, got[f"{tag}.zero"]))
-            for q in rare:
-                # 0: underflow or truly unchanged; inf: overflow or inf; NaN: a non-finite
-                # value, decided below.
-                if np.isnan(l2[q]):
-                    continue
-                j = int(order[q])
-                diff = self._snap(j)
-                mx = checked[j] if j in checked else float(kernels.max_abs(diff))
-                l2[q] = 0.0 if mx == 0 else kernels.exact_norm(diff)
-                if l2[q] == 0:
-                    zero_now.add(j)
-        self._expect_zero = zero_now
-        fchanged = l2 != 0
-        # A NaN (or inf - inf) makes before - after NaN without any change: decide those few
-        # tensors element by element (read back with the step when expected).
-        queued = dict(zip(self._nan_checked, got[f"{tag}.nan"].reshape(-1, 3)))
-        nan_now = set()
-        for q in np.flatnonzero(np.isnan(l2)):
+        checked = dict(zip(self._checked, got[f"{tag}.zero"]))
+        for q in rare:
             j = int(order[q])
-            nan_now.add(j)
-            parts = queued[j] if j in queued else _nonfinite_parts(
-                self._snap(j), self.tensors[self.indices[self.float_pos[j]]])
-            fchanged[q], l2[q] = _nonfinite_change(parts, before_had_nan=bool(np.isnan(before[q])))
-        self._expect_nan = nan_now
+            diff = self._snap(j)
+            if np.isnan(l2[q]):  # a NaN, or inf - inf: decided element by element
+                fchanged[q], l2[q] = nonfinite_change(
+                    diff, self.tensors[self.indices[self.float_pos[j]]],
+                    before_had_nan=bool(np.isnan(before[q])))
+                continue
+            # 0: underflow or truly unchanged; inf: overflow or a change to or from inf.
+            mx = checked[j] if j in checked else float(kernels.max_abs(diff))
+            l2[q] = 0.0 if mx == 0 else kernels.exact_norm(diff)
+            fchanged[q] = l2[q] != 0
+            if l2[q] == 0:
+                zero_now.add(j)
+        plain = ~decided
+        plain[rare] = False
+        fchanged[plain] = l2[plain] != 0
+        self._expect_zero = zero_now
+        # The value after this step is the next one's before: |after| <= |before| + |change|.
+        with np.errstate(invalid="ignore"):
+            self._careful = set(order[np.flatnonzero(~(before + l2 < self._risk))].tolist())
         f = self._queued_at
         delta[f] = l2
         changed[f] = fchanged
-        ratio[f] = np.divide(l2, before, out=np.full(len(l2), np.nan), where=before > 0)
+        with np.errstate(invalid="ignore"):  # inf / inf: NaN
+            ratio[f] = np.divide(l2, before, out=np.full(len(l2), np.nan), where=before > 0)
         value[f] = before
         others = self._other_at
-        delta[others] = 0.0
-        changed[others] = got[f"{tag}.other"] != 0
+        parts = got[f"{tag}.other"].reshape(-1, 3)
+        changed[others], delta[others], value[others] = parts[:, 0] != 0, parts[:, 1], parts[:, 2]
+        with np.errstate(invalid="ignore"):
+            ratio[others] = np.divide(parts[:, 1], parts[:, 2],
+                                      out=np.full(len(parts), np.nan), where=parts[:, 2] > 0)
+
+    def _queue_pos(self, js: list[int]) -> np.ndarray:
+        """Where float tensors `js` sit in the queued order."""
+        if not hasattr(self, "_pos_in_order"):
+            self._pos_in_order = np.empty(len(self._order), dtype=np.int64)
+            self._pos_in_order[self._order] = np.arange(len(self._order))
+        return self._pos_in_order[np.asarray(js, dtype=np.int64)]
 
 
 @dataclasses.dataclass(slots=True)
@@ -257,22 +293,3 @@ def _slab(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
             out[i] = flat[at:at + n].view(tensors[i].shape)
             at += n
     return out
-
-
-def _nonfinite_parts(delta: torch.Tensor, after: torch.Tensor) -> list[torch.Tensor]:
-    """Device scalars that decide a change whose `before - after` holds NaN: whether a
-    non-NaN position differs, whether a NaN position is NaN now, and the norm without NaNs."""
-    nan = torch.isnan(delta)
-    return [((delta != 0) & ~nan).any().float(), (nan & torch.isnan(after)).any().float(),
-            torch.linalg.vector_norm(torch.where(nan, 0.0, delta.float()))]
-
-
-def _nonfinite_change(parts, before_had_nan: bool) -> tuple[bool, float]:
-    """Exact change for a tensor whose `before - after` holds NaN (from `_nonfinite_parts`).
-
-    NaN arises from inf - inf of the same sign (unchanged) or from a NaN operand. Without a NaN
-    before the step, a NaN position changed exactly when the value is NaN now. With NaNs on
-    both sides, a position that is NaN both before and after counts as unchanged.
-    """
-    differs, nan_now, norm = (float(v) for v in parts)
-    return bool(differs) or (not before_had_nan and bool(nan_now)), norm

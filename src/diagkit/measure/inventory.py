@@ -119,15 +119,13 @@ def _row(name, tensor, module, module_type, in_model):
 
 
 def _hyper(optimizers, pairs):
-    """lr and weight decay of the first group; a group with weight decay counts if any does."""
+    """lr and weight decay of the tensor's own (first) group, the one `optimizer`/`group`
+    name: another optimizer's group never lends it its decay."""
     if not pairs:
         return float("nan"), float("nan")
     i, j = pairs[0]
-    lr = group_lr(optimizers[i].param_groups[j])
-    decays = [float(optimizers[a].param_groups[b].get("weight_decay", 0.0) or 0.0)
-              for a, b in pairs]
-    positive = [d for d in decays if d > 0]
-    return lr, (positive[0] if positive else decays[0])
+    group = optimizers[i].param_groups[j]
+    return group_lr(group), float(group.get("weight_decay", 0.0) or 0.0)
 
 
 def group_lr(group: dict) -> float:

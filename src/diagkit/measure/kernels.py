@@ -17,8 +17,28 @@ def dense(t: torch.Tensor) -> torch.Tensor:
     return t.coalesce().values() if t.is_sparse else t
 
 
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def is_float(t: torch.Tensor) -> bool:
+    """A dtype the snapshot-and-subtract path measures (others: `change_parts`)."""
+    return t.dtype in FLOATS
+
+
+def norm(t: torch.Tensor, dim=None) -> torch.Tensor:
+    """L2 norm of any dtype: float32 accumulation for floats of up to 32 bits, float64 for
+    float64 (its range: a float32 result would turn 1e-50 into 0 and 1e50 into inf), the
+    magnitudes for complex, float64 for everything else (integers, bool, float8)."""
+    t = dense(t)
+    if t.dtype == torch.float64 or t.is_complex():
+        return torch.linalg.vector_norm(t, dim=dim)
+    if t.dtype in FLOATS:
+        return torch.linalg.vector_norm(t, dim=dim, dtype=torch.float32)
+    return torch.linalg.vector_norm(t.to(torch.float64), dim=dim)
+
+
 def norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Float32 L2 norms, batched; one by one only where foreach can't (sparse, odd dtypes).
+    """L2 norms (`norm`), batched; one by one only where foreach can't (sparse, odd dtypes).
 
     Float32 squares underflow below ~1e-19, so a norm of 0 does not prove "all zero": callers
     confirm zeros with `max_abs` (see `exact_norm`).
@@ -26,22 +46,34 @@ def norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     if not tensors:
         return []
     try:
-        return list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
+        if all(t.dtype in FLOATS[:3] for t in tensors):
+            return list(torch._foreach_norm(tensors, 2, dtype=torch.float32))
     except (RuntimeError, TypeError, NotImplementedError):
-        return [torch.linalg.vector_norm(dense(t).float()) for t in tensors]
+        pass
+    return [norm(t) for t in tensors]
 
 
 def max_abs(t: torch.Tensor) -> torch.Tensor:
-    """max |element| as a float32 0-d tensor: exact, NaN if any element is NaN, 0 if empty."""
+    """max |element| as a 0-d tensor: NaN if any element is NaN, 0 if empty or all zero, and
+    never 0 otherwise. Float32 for floats of up to 32 bits and complex64 (exact), float64 for
+    the rest (exact for float64, float8, bool and integers below 2^53)."""
     t = dense(t)
     if t.numel() == 0:
-        return torch.zeros((), dtype=torch.float32, device=t.device)
-    if not (t.is_floating_point() or t.is_complex()):
-        return t.ne(0).any().float()
+        wide = t.dtype == torch.float64 or t.dtype not in FLOATS
+        return torch.zeros((), dtype=torch.float64 if wide else torch.float32, device=t.device)
     if t.is_complex():
         t = t.abs()
+    if t.dtype == torch.bool:
+        return t.any().to(torch.float64)
+    if t.dtype not in FLOATS and t.dtype not in _MINMAX_INTS:
+        t = t.to(torch.float64)  # float8, uint16/32/64: no aminmax; float64 holds them
     lo, hi = torch.aminmax(t)
-    return torch.maximum(hi, lo.neg()).float()
+    if t.dtype in FLOATS[:3]:
+        return torch.maximum(hi, lo.neg()).float()
+    return torch.maximum(hi.to(torch.float64), lo.to(torch.float64).neg())
+
+
+_MINMAX_INTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def exact_norm(t: torch.Tensor) -> float:
@@ -54,7 +86,7 @@ def exact_norm(t: torch.Tensor) -> float:
     m = float(max_abs(t))
     if m == 0 or not math.isfinite(m):
         return m
-    scaled = t.to(torch.float64) / m if not t.is_complex() else t.abs().to(torch.float64) / m
+    scaled = (t.abs() if t.is_complex() else t).to(torch.float64) / m
     return m * float(torch.linalg.vector_norm(scaled))
 
 
@@ -81,9 +113,11 @@ def _pairwise(batched, one, dst, src) -> None:
 def checksum(t: torch.Tensor) -> torch.Tensor:
     """Sum and sum of squares in float64, folded: equal values give equal checksums, and
     ranks whose copies differ almost never collide."""
-    x = t.detach().to(torch.float64)
+    x = dense(t.detach())
+    x = torch.view_as_real(x.to(torch.complex128)) if x.is_complex() else x.to(torch.float64)
     return x.sum() + x.square().sum() * math.sqrt(2.0)
 
 
 def row_norms(matrix: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.vector_norm(matrix.reshape(len(matrix), -1), dim=1, dtype=torch.float32)
+    """The L2 norm of each row of a (count, *shape) stack, one kernel (`norm` for dtypes)."""
+    return norm(matrix.reshape(len(matrix), -1), dim=1)

@@ -12,9 +12,11 @@
   `changed` stays exact. Extra memory: only the small tensors' copies.
 
 Every verdict reads `changed`, never the size of the change, so all three modes give the
-same verdicts. A probe never syncs with the device on its own: `end()` queues device scalars
-on a `Pending` that the recorder reads back once per step; only `resolve()` may look again,
-at the rare tensor whose float32 norm came out 0 or non-finite.
+same verdicts. A probe does not sync with the device during a step: `end()` queues device
+scalars on a `Pending` that the recorder reads back once per step; only `resolve()` may look
+again, at the rare tensor whose norm came out 0 or non-finite. `attach()` reads the norms back
+once (which tensors hold NaN, inf or huge values: `change_parts` decides those element-wise),
+and on the CPU, where reading is free, so does a `begin()` after unobserved steps.
 """
 
 from __future__ import annotations

@@ -1,0 +1,233 @@
+"""The delta probes against a brute-force oracle, with property-based tests (hypothesis).
+
+Random tiny tensors of every dtype diagkit measures (float32/64, bfloat16, float16, integers,
+bool, complex; empty, non-contiguous, ±0, subnormals, NaN, ±inf, the largest values) get
+random in-place edits over a few steps (single elements, sign flips of pairs, bit flips, NaN
+in and out, values changed while unobserved). For every `delta` mode the probe must agree with
+the oracle, as the README's "Cost of observation" states it:
+
+- `changed`: any element differs, NaN equal to NaN, +0.0 equal to -0.0 (a snapshot: exact
+  mode, and tensors of at most `sample` elements in the other modes); bitwise for the
+  fingerprinted tensors of `sampled`/`off` (+0.0 -> -0.0 and a NaN payload count). Never
+  missed: the fingerprint's chance to miss is below 2^-73, far beyond what a test can see.
+- `delta_norm` (snapshots): 0 when unchanged, inf when a value changed to or from NaN or inf,
+  else the float64 norm of the change. `sampled`, fingerprinted: the sample's own change norm
+  scaled by sqrt(numel / sample), NaN when the change missed the sample (and for dtypes that
+  are not sampled: integers, bool, complex). `off`: NaN throughout.
+
+Deterministic (derandomize) and bounded, so it runs in every `make test` in a few seconds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from diagkit.measure.probes import make_probe
+from diagkit.measure.readback import Pending
+
+SAMPLE = 4  # sampled/off: tensors of at most 4 elements are snapshots, larger ones fingerprinted
+FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+INTS = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool]
+DTYPES = FLOATS + INTS + [torch.complex64]
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+SHAPES = [(0,), (), (1,), (3,), (2, 2), (5,), (2, 3), (7,)]
+ORACLE = settings(derandomize=True, max_examples=100, deadline=None, database=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def special(dtype: torch.dtype) -> list[float]:
+    info = torch.finfo(dtype)
+    return [0.0, -0.0, 1.0, -1.0, 0.5, math.nan, math.inf, -math.inf, info.tiny,
+            info.tiny * info.eps, -info.tiny * info.eps, info.max, -info.max, 3.0, 1e-30, 7e4]
+
+
+def values(dtype: torch.dtype):
+    """A strategy for one element's value, as a Python number."""
+    if dtype == torch.bool:
+        return st.booleans()
+    if not (dtype.is_floating_point or dtype.is_complex):
+        info = torch.iinfo(dtype)
+        return st.one_of(st.integers(info.min, info.max), st.sampled_from([0, 1, info.max]))
+    real = torch.float32 if dtype.is_complex else dtype
+    width = 64 if real == torch.float64 else 32
+    return st.one_of(st.sampled_from(special(real)), st.floats(width=width))
+
+
+@st.composite
+def tensors(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    shape = draw(st.sampled_from(SHAPES))
+    n = math.prod(shape)
+    elems = draw(st.lists(values(dtype), min_size=n * 2, max_size=n * 2))
+    if dtype.is_complex:
+        base = torch.complex(torch.tensor(elems[:n], dtype=torch.float32),
+                             torch.tensor(elems[n:], dtype=torch.float32))
+    else:
+        with np.errstate(over="ignore"):
+            base = torch.tensor(elems[:n], dtype=torch.float64 if dtype.is_floating_point
+                                else torch.int64 if dtype != torch.bool else torch.bool)
+        base = base.to(dtype)
+    base = base.reshape(shape)
+    if len(shape) == 2 and draw(st.booleans()):
+        base = base.t().contiguous().t()  # the same values, not contiguous
+    elif len(shape) == 1 and n and draw(st.booleans()):
+        wide = torch.zeros(2 * n, dtype=dtype)
+        wide[::2] = base
+        base = wide[::2]  # a strided view of a larger tensor
+    return base
+
+
+@st.composite
+def edits(draw, ts):
+    """A list of in-place edits: (kind, tensor index, element indices, value or bit)."""
+    out = []
+    for _ in range(draw(st.integers(0, 3))):
+        k = draw(st.integers(0, len(ts) - 1))
+        n = ts[k].numel()
+        if n == 0:
+            continue
+        kind = draw(st.sampled_from(["set", "negate_pair", "bit", "nan_in", "nan_out", "same"]))
+        i, j = draw(st.integers(0, n - 1)), draw(st.integers(0, n - 1))
+        arg = draw(values(ts[k].dtype)) if kind == "set" else \
+            draw(st.integers(0, 8 * ts[k].element_size() - 1))
+        out.append((kind, k, i, j, arg))
+    return out
+
+
+def apply(ts, edit_list) -> None:
+    for kind, k, i, j, arg in edit_list:
+        t = ts[k]
+        at = [np.unravel_index(x, t.shape) if t.dim() else () for x in (i, j)]
+        one = t[at[0]].clone().reshape(1)
+        if kind == "set":
+            one[0] = arg
+        elif kind == "same":
+            pass
+        elif kind == "negate_pair":
+            if t.dtype == torch.bool:
+                t[at[1]] = ~t[at[1]]
+                one[0] = ~one[0]
+            elif t.dtype == torch.uint8:
+                continue
+            else:
+                t[at[1]] = -t[at[1]]
+                one[0] = -one[0]
+        elif kind == "bit":
+            bits = one.view(BITS[t.element_size()]) if t.dtype != torch.complex64 \
+                else torch.view_as_real(one).view(torch.int32)
+            b = arg % (8 * bits.element_size())
+            if t.dtype == torch.bool:
+                one[0] = ~one[0]
+            else:
+                bits[0] ^= (1 << b) if b < 8 * bits.element_size() - 1 else -(1 << b)
+        elif kind in ("nan_in", "nan_out"):
+            if not (t.dtype.is_floating_point or t.dtype.is_complex):
+                continue
+            one[0] = math.nan if kind == "nan_in" else 2.0
+        t[at[0]] = one[0]
+
+
+def wide(t: torch.Tensor) -> np.ndarray:
+    """float64 values (complex: real and imaginary parts), or Python ints for integers."""
+    if t.is_complex():
+        return torch.view_as_real(t.to(torch.complex128)).numpy().reshape(-1)
+    if t.dtype.is_floating_point:
+        return t.to(torch.float64).numpy().reshape(-1)
+    return np.array([int(v) for v in t.reshape(-1).tolist()], dtype=object)
+
+
+def oracle_change(before: torch.Tensor, after: torch.Tensor) -> tuple[bool, float]:
+    """(changed, delta_norm) by value: NaN equal to NaN, ±0 equal, inf for non-finite."""
+    b, a = wide(before), wide(after)
+    if b.dtype == object:
+        d = [float(x - y) for x, y in zip(b, a)]
+        return any(d), math.sqrt(sum(x * x for x in d))
+    same = (b == a) | (np.isnan(b) & np.isnan(a))
+    if same.all():
+        return False, 0.0
+    moved = ~same
+    if not (np.isfinite(b[moved]).all() and np.isfinite(a[moved]).all()):
+        return True, math.inf
+    d = b[moved] - a[moved]
+    m = np.abs(d).max()
+    return True, float(m * np.sqrt(np.sum((d / m) ** 2)))
+
+
+def bits_differ(before: torch.Tensor, after: torch.Tensor) -> bool:
+    view = BITS[1] if before.element_size() == 1 else torch.uint8
+    return not torch.equal(before.contiguous().view(view), after.contiguous().view(view))
+
+
+def run_step(probe, ts, edit_list, consecutive):
+    before = [t.clone() for t in ts]
+    probe.begin(consecutive=consecutive)
+    with torch.no_grad():
+        apply(ts, edit_list)
+    pending = Pending()
+    probe.end(pending)
+    delta, changed, _ = probe.resolve(pending.read())
+    return before, delta, changed
+
+
+def sample_estimate(probe, k, before, after) -> float:
+    """What `sampled` must report for fingerprinted tensor k: its sample's change, scaled."""
+    idx = probe._idx[probe.sampled.index(k)]
+    _, size = oracle_change(before.reshape(-1)[idx], after.reshape(-1)[idx])
+    return size * math.sqrt(before.numel() / SAMPLE)
+
+
+def check(mode, probe, ts, before, delta, changed):
+    for k, (b, a) in enumerate(zip(before, ts)):
+        snap = mode == "exact" or a.numel() <= SAMPLE
+        want_changed, want_delta = oracle_change(b, a)
+        if not snap:
+            want_changed = bits_differ(b, a)
+        assert changed[k] == want_changed, (mode, k, b, a)
+        if mode == "off":
+            assert math.isnan(delta[k]), (mode, k)  # changed only: no norm is taken
+        elif snap:
+            if math.isinf(want_delta) or want_delta == 0:
+                assert delta[k] == want_delta, (mode, k, b, a, delta[k])
+            else:
+                assert delta[k] == pytest.approx(want_delta, rel=1e-5), (mode, k, b, a)
+        elif not a.dtype.is_floating_point:
+            assert math.isnan(delta[k]), (mode, k)
+        elif not want_changed:
+            assert delta[k] == 0.0
+        else:
+            est = sample_estimate(probe, k, b, a)
+            if est == 0:
+                assert math.isnan(delta[k]), (k, b, a)  # the change missed the sample
+            elif math.isinf(est):
+                assert delta[k] == est
+            else:
+                assert delta[k] == pytest.approx(est, rel=1e-5), (k, b, a)
+
+
+@pytest.mark.parametrize("mode", ["exact", "sampled", "off"])
+@ORACLE
+@given(data=st.data())
+def test_probe_agrees_with_the_oracle(mode, data):
+    ts = data.draw(st.lists(tensors(), min_size=1, max_size=4))
+    if data.draw(st.booleans()):  # a twin of the first: the bucketed (grouped) path
+        ts.append(ts[0].clone())
+    probe = make_probe(mode, ts, likely_static=set(data.draw(
+        st.sets(st.integers(0, len(ts) - 1)))), sample=SAMPLE)
+    probe.attach()
+    try:
+        for step in range(data.draw(st.integers(1, 3))):
+            gap = data.draw(st.booleans()) and step > 0
+            if gap:  # values changed while unobserved: the next begin is not consecutive
+                with torch.no_grad():
+                    apply(ts, data.draw(edits(ts)))
+            before, delta, changed = run_step(probe, ts, data.draw(edits(ts)),
+                                              consecutive=step > 0 and not gap)
+            check(mode, probe, ts, before, delta, changed)
+    finally:
+        probe.detach()
