@@ -157,3 +157,40 @@ def test_a_fix_preview_whose_build_fails_keeps_the_first_run(tmp_path, how, why)
     assert before["meta"]["steps_observed"] == 2 and before["failure"] is None
     from diagkit import load
     assert [f.code for f in load(tmp_path / "saved").findings] == ["unused"]
+
+
+RANKS_SECOND_BUILD_FAILS = '''
+import os
+from pathlib import Path
+
+import torch
+
+
+def build():
+    """Under --nproc each run starts new ranks: the first run's ranks leave a mark, and the
+    fix preview's ranks (the second build) find it and raise."""
+    mark = Path(__file__).with_name(f"built-{os.environ.get('RANK', '0')}")
+    if mark.exists():
+        raise RuntimeError("no second copy on this node")
+    mark.write_text("1")
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"body": torch.nn.Linear(3, 1), "dead": torch.nn.Linear(3, 1)})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return {"model": model, "optimizer": opt, "batch_fn": lambda: torch.ones(2, 3),
+            "loss_fn": lambda m, b: m["body"](b).sum(), "steps": 2}
+'''
+
+
+def test_a_fix_preview_whose_ranks_fail_to_build_keeps_the_first_run(tmp_path):
+    """D3 under --nproc 2: the fixed run's ranks fail while building; the first run's
+    findings are written, and the line names the fix preview."""
+    (tmp_path / "t.py").write_text(RANKS_SECOND_BUILD_FAILS)
+    run = subprocess.run([DIAGKIT, "check", "t.py:build", "--nproc", "2", "--try-fix",
+                          "--json", "before.json"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=600)
+    line = one_error_line(run)
+    assert line.startswith("diagkit: error: --try-fix: the fix preview's build and run"), line
+    assert "no second copy on this node" in line and "before.json" in line, line
+    before = json.loads((tmp_path / "before.json").read_text())
+    assert [f["code"] for f in before["findings"]] == ["unused"]
+    assert before["meta"]["nproc"] == 2
