@@ -136,6 +136,25 @@ def test_load_of_a_folder_that_is_not_a_diagnosis(tmp_path):
         diagkit.load(tmp_path / "does_not_exist")
 
 
+@pytest.mark.parametrize("edit, words", [
+    (lambda fs: fs[0].update(severity="fatal"), ["finding 0", "'fatal'", "error, warning, info"]),
+    (lambda fs: fs[0].pop("severity"), ["finding 0", "severity None"]),
+    (lambda fs: fs.append("orphan"), ["must be a list of findings"]),
+])
+def test_load_refuses_a_finding_whose_severity_it_cannot_rank(meta_diag, tmp_path, edit, words):
+    """An unknown severity ranks as ok: the saved run would pass every --fail-on."""
+    folder = meta_diag.save(tmp_path / "diag")
+    findings = json.loads((folder / "findings.json").read_text())
+    edit(findings)
+    (folder / "findings.json").write_text(json.dumps(findings))
+    with pytest.raises(DiagkitError) as info:
+        diagkit.load(folder)
+    line = str(info.value)
+    assert "\n" not in line and str(folder) in line and "corrupt" in line, line
+    for word in words:
+        assert word in line, line
+
+
 def test_saved_files_are_plain_json_and_parquet(meta_diag, tmp_path):
     meta_diag.save(tmp_path / "diag")
     run = json.loads((tmp_path / "diag" / "run.json").read_text())

@@ -207,6 +207,53 @@ def test_dcp_optimizer_state_loads_as_from_one_file(tmp_path):
     assert not report.optimizer["loaded"] and "[2, 2]" in report.optimizer["why"]
 
 
+def test_dcp_optimizer_state_without_per_parameter_state_loads_as_from_one_file(tmp_path):
+    """SGD without momentum keeps no per-parameter state; DCP drops the empty `state`, and
+    the param groups (lr 0.1) were then silently not loaded, unlike from one file."""
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    saved = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+    torch.save(saved, tmp_path / "one.pt")
+    save_dcp(saved, tmp_path / "dcp")
+    reports = []
+    for path in (tmp_path / "one.pt", tmp_path / "dcp"):
+        fresh_opt = torch.optim.SGD(net().parameters(), lr=0.5)
+        reports.append(load_checkpoint(net(), path, optimizers=[fresh_opt]))
+        assert fresh_opt.param_groups[0]["lr"] == 0.1, path
+    assert same_report(*reports) and reports[1].optimizer["loaded"]
+
+
+class _Evil:
+    """Unpickling this runs `touch MARKER`: what a weights-only read must never do."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_an_evil_entry_in_a_dcp_optimizer_state_is_refused_in_one_line(tmp_path):
+    """As in one file, where the whole file is unpickled weights-only: an entry that needs
+    code is refused wherever it is, even where nothing reads it (compare reads tensors only;
+    an SGD's state was not even found), and its code never runs."""
+    marker = tmp_path / "MARKER"
+    groups = [{"lr": 0.1, "momentum": 0, "params": list(range(19)), "note": _Evil(marker)}]
+    save_dcp({"model": pretrain(), "optimizer": {"state": {}, "param_groups": groups}},
+             tmp_path / "c")
+    for args in (["check", FINETUNE, "--checkpoint", tmp_path / "c", "--steps", "1"],
+                 ["compare", tmp_path / "c", PRETRAIN]):
+        run = cli(*args)
+        assert run.returncode == 2, (run.stdout[-2000:], run.stderr)
+        (line,) = run.stderr.strip().splitlines()
+        assert "entry optimizer.param_groups.0.note" in line and "refused" in line, line
+        assert "--trust-checkpoint" in line, line
+    with pytest.raises(DiagkitError, match="needs arbitrary unpickling"):
+        compare_checkpoints(PRETRAIN, tmp_path / "c")
+    assert not marker.exists()
+
+
 SAVE_TWO_RANKS = """
 import sys, warnings
 import torch, torch.distributed as dist, torch.multiprocessing as mp

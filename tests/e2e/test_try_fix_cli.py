@@ -103,3 +103,94 @@ def test_report_from_a_saved_diagnosis_refuses_try_fix(capsys, tmp_path):
     code = main(["report", "--from", str(tmp_path), "--out", str(tmp_path / "o"), "--try-fix"])
     assert code == 2
     assert "--try-fix: only for running a TARGET" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the preview's build fails
+SECOND_BUILD_FAILS = '''
+import os
+import time
+import torch
+
+
+def build(how: str = "raise"):
+    """Builds once; the second call (the fix preview's fresh copy) raises or hangs. A file
+    target is imported again on each build: the count lives in the process's environment."""
+    os.environ["BUILDS"] = str(int(os.environ.get("BUILDS", "0")) + 1)
+    if os.environ["BUILDS"] == "2":
+        if how == "raise":
+            raise RuntimeError("the data server is gone")
+        time.sleep(300)
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"body": torch.nn.Linear(3, 1), "dead": torch.nn.Linear(3, 1)})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return {"model": model, "optimizer": opt, "batch_fn": lambda: torch.ones(2, 3),
+            "loss_fn": lambda m, b: m["body"](b).sum(), "steps": 2}
+'''
+
+
+def one_error_line(run: subprocess.CompletedProcess) -> str:
+    assert run.returncode == 2, (run.returncode, run.stdout[-2000:], run.stderr[-2000:])
+    assert "Traceback" not in run.stderr and "internal error" not in run.stderr, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("how, why", [
+    ("raise", "raised while building the setup: RuntimeError: the data server is gone"),
+    ("hang", "timed out after 20 s (--timeout) while building the setup"),
+])
+def test_a_fix_preview_whose_build_fails_keeps_the_first_run(tmp_path, how, why):
+    """D3: the run as it is completes, then the fresh copy's build raises or outlives
+    --timeout: --json and --save hold the first run, and the one line names the preview's
+    build, not the target as the user runs it."""
+    (tmp_path / "t.py").write_text(SECOND_BUILD_FAILS)
+    run = subprocess.run([DIAGKIT, "check", "t.py:build", "--arg", f"how={how}", "--try-fix",
+                          "--timeout", "20", "--json", "before.json", "--save", "saved"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    line = one_error_line(run)
+    assert line.startswith("diagkit: error: --try-fix: the fix preview's build"), line
+    assert why in line and "before.json" in line, line
+    assert "unused" in run.stdout  # the first run's findings, printed
+    before = json.loads((tmp_path / "before.json").read_text())
+    assert [f["code"] for f in before["findings"]] == ["unused"]
+    assert before["meta"]["steps_observed"] == 2 and before["failure"] is None
+    from diagkit import load
+    assert [f.code for f in load(tmp_path / "saved").findings] == ["unused"]
+
+
+RANKS_SECOND_BUILD_FAILS = '''
+import os
+from pathlib import Path
+
+import torch
+
+
+def build():
+    """Under --nproc each run starts new ranks: the first run's ranks leave a mark, and the
+    fix preview's ranks (the second build) find it and raise."""
+    mark = Path(__file__).with_name(f"built-{os.environ.get('RANK', '0')}")
+    if mark.exists():
+        raise RuntimeError("no second copy on this node")
+    mark.write_text("1")
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"body": torch.nn.Linear(3, 1), "dead": torch.nn.Linear(3, 1)})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return {"model": model, "optimizer": opt, "batch_fn": lambda: torch.ones(2, 3),
+            "loss_fn": lambda m, b: m["body"](b).sum(), "steps": 2}
+'''
+
+
+def test_a_fix_preview_whose_ranks_fail_to_build_keeps_the_first_run(tmp_path):
+    """D3 under --nproc 2: the fixed run's ranks fail while building; the first run's
+    findings are written, and the line names the fix preview."""
+    (tmp_path / "t.py").write_text(RANKS_SECOND_BUILD_FAILS)
+    run = subprocess.run([DIAGKIT, "check", "t.py:build", "--nproc", "2", "--try-fix",
+                          "--json", "before.json"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=600)
+    line = one_error_line(run)
+    assert line.startswith("diagkit: error: --try-fix: the fix preview's build and run"), line
+    assert "no second copy on this node" in line and "before.json" in line, line
+    before = json.loads((tmp_path / "before.json").read_text())
+    assert [f["code"] for f in before["findings"]] == ["unused"]
+    assert before["meta"]["nproc"] == 2

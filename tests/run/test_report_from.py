@@ -96,8 +96,11 @@ def _corrupt(saved: Path, root: Path) -> None:
     (root / "a_file").write_text("not a folder\n")
     (root / "not_saved").mkdir()
     (root / "not_saved" / "notes.txt").write_text("hello\n")
-    for name in ("bad_json", "truncated", "no_steps", "bad_columns"):
+    for name in ("bad_json", "truncated", "no_steps", "bad_columns", "bad_severity"):
         shutil.copytree(saved / "ft", root / name)
+    findings = json.loads((root / "bad_severity" / "findings.json").read_text())
+    findings[0]["severity"] = "catastrophic"  # ranks as ok: it would load, and exit 0
+    (root / "bad_severity" / "findings.json").write_text(json.dumps(findings))
     (root / "bad_json" / "run.json").write_text("{ not json")
     parquet = (root / "truncated" / "params.parquet").read_bytes()
     (root / "truncated" / "params.parquet").write_bytes(parquet[: len(parquet) // 2])
@@ -124,6 +127,8 @@ BAD = {
     "no_steps": (["report", "--from", "no_steps", "--out", "OUT"], ["no_steps", "steps"]),
     "bad_columns": (["report", "--from", "bad_columns", "--out", "OUT"],
                     ["bad_columns", "steps table lacks"]),
+    "bad_severity": (["report", "--from", "bad_severity", "--out", "OUT", "--fail-on", "info"],
+                     ["bad_severity", "corrupt", "'catastrophic'"]),
     "out_is_saved": (["report", "--from", "SAVED", "--out", "SAVED"], ["--out", "itself"]),
 }
 

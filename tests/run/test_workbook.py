@@ -4,6 +4,8 @@ parameters rejected, and every notebook executes headless under papermill."""
 import ast
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -38,7 +40,10 @@ def test_one_parameters_cell_of_typed_commented_literals(path):
     lines = [line for line in tagged[0].source.splitlines() if line.strip()]
     tree = ast.parse(tagged[0].source)
     assert len(tree.body) == len(lines)  # one statement per line, nothing else
-    for node, line in zip(tree.body, lines):
+    first = tree.body[0]  # what the `Optional[...]` annotations need, and nothing more
+    assert isinstance(first, ast.ImportFrom) and (first.module, [a.name for a in first.names]) \
+        == ("typing", ["Optional"]), lines[0]
+    for node, line in zip(tree.body[1:], lines[1:]):
         assert isinstance(node, ast.AnnAssign), line
         ast.literal_eval(node.value)  # a literal
         assert "#" in line.split("=", 1)[1], f"uncommented: {line}"
@@ -49,13 +54,14 @@ def test_the_parameters_cell_is_the_contract(name):
     nb = nbformat.read(next(p for p in NOTEBOOKS if p.name == name), as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     declared = {n.target.id: (ast.unparse(n.annotation), ast.literal_eval(n.value))
-                for n in ast.parse(cell.source).body}
+                for n in ast.parse(cell.source).body if isinstance(n, ast.AnnAssign)}
     contract_of = contract.parameters(name)  # derived from that very cell
     assert list(declared) == list(contract_of)
     for param, (annotation, default) in declared.items():
         p = contract_of[param]
-        spelled = " | ".join("None" if t is type(None) else t.__name__ for t in p.types)
-        assert annotation == spelled and default == p.default, param
+        names = [t.__name__ for t in p.types if t is not type(None)]
+        spelled = f"Optional[{names[0]}]" if type(None) in p.types else names[0]
+        assert len(names) == 1 and annotation == spelled and default == p.default, param
         assert p.help and p.help in cell.source, param  # the line's comment
         if param == "steps":  # None: the target's own steps, else DEFAULTS (resolve_steps)
             assert default is None
@@ -192,3 +198,67 @@ def test_readme_parameter_table_is_the_notebook_cell():
     assert [name for name, _ in rows] == list(declared)
     for name, default in rows:
         assert ast.literal_eval(default) == declared[name].default, name
+
+
+PAPERMILL = str(Path(sys.executable).parent / "papermill")
+
+
+def cell_names(path) -> list[str]:
+    """The names the parameters cell assigns, read with Python's own parser (not ours)."""
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    return [n.target.id for n in ast.parse(cell.source).body if isinstance(n, ast.AnnAssign)]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_papermill_help_notebook_lists_every_parameter(path):
+    """papermill reads the parameters cell with its own pattern, which knows `Optional[str]`
+    but not `str | None`: a parameter it cannot read draws "Passed unknown parameter" on every
+    run that passes it (`diagkit report` passes out_dir and steps)."""
+    run = subprocess.run([PAPERMILL, "--help-notebook", str(path)], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    listed = re.findall(r"^  (\w+): (\S+) \(default ", run.stdout, re.M)
+    assert [name for name, _ in listed] == cell_names(path), run.stdout
+    declared = contract.parameters(path.name)
+    for name, shown in listed:  # the type papermill shows is the one diagkit validates
+        optional = type(None) in declared[name].types
+        assert shown.startswith("Optional[") == optional, (name, shown)
+
+
+def test_the_readme_headless_command_draws_no_papermill_warning(tmp_path):
+    """README "The workbook", Headless: `papermill ... -p target ... -p steps N` (steps is
+    `Optional[int]`: papermill used to warn that it is unknown)."""
+    run = subprocess.run([PAPERMILL, str(DIAGNOSE), str(tmp_path / "out.ipynb"), "-p", "target",
+                          "diagkit.demos:clean", "-p", "steps", "2", "-p", "interactive",
+                          "False"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "unknown parameter" not in run.stderr, run.stderr  # (the kernel's own TCP notice
+    # is ipykernel's, which `diagkit report` silences)
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"steps": "ten"}, "notebook parameter 'steps' must be int or None, got str 'ten'"),
+    ({"out_dir": 3}, "notebook parameter 'out_dir' must be str or None, got int 3"),
+    ({"checkpoint_a": None}, "notebook parameter 'checkpoint_a' must be str, got NoneType"),
+])
+def test_a_wrong_type_still_fails_the_notebook_in_one_line(tmp_path, bad, words):
+    path = COMPARE if "checkpoint_a" in bad or "out_dir" in bad else DIAGNOSE
+    with pytest.raises(PapermillExecutionError) as info:
+        _run(path, tmp_path, **bad)
+    assert info.value.ename == "DiagkitError" and words in info.value.evalue
+    assert "\n" not in info.value.evalue.strip()
+
+
+COMPARE = NOTEBOOKS[[p.name for p in NOTEBOOKS].index("compare_checkpoints.ipynb")]
+
+
+@pytest.mark.parametrize("annotation, types", [
+    ("Optional[int]", (int, type(None))),
+    ("int | None", (int, type(None))),  # a notebook copied by an older diagkit
+    ("Union[int, str]", (int, str)),
+    ("str", (str,)),
+])
+def test_the_contract_reads_each_spelling_of_a_type(annotation, types):
+    cell = f"from typing import Optional, Union  # types\nx: {annotation} = 1  # help\n"
+    assert contract.parse_cell(cell)["x"].types == types

@@ -189,13 +189,27 @@ def load(directory) -> Diagnosis:
     return Diagnosis(
         params=_added_columns(from_parquet(folder / "params.parquet"), {"skipped_steps": 0}),
         steps=_added_columns(from_parquet(folder / "steps.parquet"), {"skipped": False}),
-        findings=[Finding.from_dict(d) for d in
-                  json.loads((folder / "findings.json").read_text())],
+        findings=_saved_findings(json.loads((folder / "findings.json").read_text()), folder),
         advice=json.loads((folder / "advice.json").read_text()),
         failure=failure,
         meta=run.get("meta", {}),
         checkpoint=run.get("checkpoint"),
     )
+
+
+def _saved_findings(payload, folder: Path) -> list[Finding]:
+    """The saved findings, each with a severity this version ranks: an unknown one ranks as
+    ok, so a run saved with `"severity": "fatal"` would load, pass every `--fail-on` and exit
+    0. A folder edited by hand or damaged is refused in one line instead."""
+    if not isinstance(payload, list) or not all(isinstance(d, dict) for d in payload):
+        raise DiagkitError(f"saved diagnosis {folder} is corrupt: findings.json must be a list "
+                           "of findings")
+    for i, d in enumerate(payload):
+        if d.get("severity") not in severity.LEVELS:
+            raise DiagkitError(f"saved diagnosis {folder} is corrupt: finding {i} "
+                               f"({d.get('code')!r}) has severity {d.get('severity')!r}, "
+                               f"not one of {', '.join(severity.LEVELS)}")
+    return [Finding.from_dict(d) for d in payload]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,10 @@ Names, shapes and dtypes come from the metadata (`checkpoint_dcp_meta`, read wit
 code). The saved object's nesting is rebuilt from the metadata's `planner_data`, so the state
 dict and an optimizer state beside it are found as in one file (`checkpoint_read`): under
 `model`, `state_dict`, ... and `optimizer`, ...; other entries (a step count) are ignored.
+An optimizer state with no per-parameter state (SGD without momentum: DCP drops the empty
+`state`) is found as in one file. Every pickled entry, used or not, is read weights-only when
+the folder is opened, as one file is unpickled whole: one that needs code is refused in one
+line naming it, never skipped.
 
 Memory bound: loading into a model reads the state dict in pieces of at most `PIECE_BYTES`
 (a larger tensor is a piece alone); DCP reads one tensor's bytes at a time into a piece, so
@@ -58,6 +62,9 @@ def _skeleton(meta) -> tuple[dict, dict[int, str]]:
         else:
             leaf = _Bytes(fqn)
         node[path[-1]] = leaf
+    for value in root.values():  # DCP keeps no empty mapping: an SGD's `state` was {}
+        if isinstance(value, dict) and "param_groups" in value:
+            value.setdefault("state", {})
     return root, fqn_of
 
 
@@ -69,6 +76,8 @@ class DcpCheckpoint:
         self.folder, self.trust = Path(folder), trust
         self.metadata = read_metadata(self.folder, trust)
         self.skeleton, fqn_of = _skeleton(self.metadata)
+        if not trust:
+            self._check_pickled()
         state = find_state_dict(self.skeleton, str(self.folder))
         self.fqn = {name: fqn_of[id(t)] for name, t in state.items()}
         self.metas = {name: (tuple(t.shape), t.dtype) for name, t in state.items()}
@@ -131,6 +140,16 @@ class DcpCheckpoint:
             node[path[-1]] = flat[fqn]
         return _as_optimizer_state(_listify(nested))
 
+    def _check_pickled(self) -> None:
+        """Read every pickled entry weights-only (they are small: groups, counters), so an
+        entry that needs code is refused here, even one nothing would use (compare reads
+        tensors only; an optimizer state is read only when there is an optimizer)."""
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+        flat = {fqn: None for fqn, md in self.metadata.state_dict_metadata.items()
+                if not isinstance(md, TensorStorageMetadata)}
+        if flat:
+            self._load(flat)
+
     def _load(self, flat: dict) -> None:
         from torch.distributed.checkpoint import CheckpointException, load
         try:
@@ -177,7 +196,7 @@ def _listify(node):
 def _as_optimizer_state(state: dict) -> dict:
     """DCP stores an optimizer's per-parameter state under string keys ('0'); torch's
     `load_state_dict` matches them to the integer ids in `param_groups`."""
-    per_param = state.get("state")
+    per_param = state.setdefault("state", {})  # none saved (see `_skeleton`)
     if isinstance(per_param, dict):
         state["state"] = {int(k) if isinstance(k, str) and k.isdigit() else k: v
                           for k, v in per_param.items()}

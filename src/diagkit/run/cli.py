@@ -15,6 +15,7 @@ from ..core.files import check_output
 from ..core.format import one_line
 from ..core.options import DEFAULTS, DELTA_MODES, HELP, check_meta_options, check_option
 from . import signals
+from .check_outputs import check_outputs, unwritten_line
 from .cli_run import bounded as _bounded, import_timeout as _import_timeout
 from .cli_run import parse_target_args as _parse_target_args
 from .cli_run import precheck_target as _precheck_target
@@ -169,7 +170,7 @@ def _diagnose_target(args):
     _precheck_target(args.target, kwargs, args.checkpoint, _import_timeout(args))
     from .api import run_target
     from .pipeline import judge_observation
-    with _bounded(args, lambda obs: _check_outputs(args, judge_observation(obs))):
+    with _bounded(args, lambda obs: check_outputs(args, judge_observation(obs))):
         return run_target(args.target, kwargs, steps=args.steps, checkpoint=args.checkpoint,
                           trust_checkpoint=args.trust_checkpoint, nproc=args.nproc,
                           timeout=args.timeout or DEFAULTS["timeout"], delta=args.delta,
@@ -181,22 +182,14 @@ def _check(args) -> int:
         from .try_fix import command
         return command(args)
     diag = _diagnose_target(args)
-    _check_outputs(args, diag)
+    unwritten = check_outputs(args, diag)
+    problems = [unwritten_line(args, unwritten)] if unwritten else []
     if diag.meta.get("timed_out"):  # the steps before it are judged and written: still exit 2
-        raise DiagkitError(f"{diag.failure.error}; the {diag.meta['steps_observed']} steps "
+        problems.insert(0, f"{diag.failure.error}; the {diag.meta['steps_observed']} steps "
                            "completed before it are kept")
+    if problems:
+        raise DiagkitError("; ".join(problems))
     return EXIT_FINDINGS if diag.fails(args.fail_on) else EXIT_OK
-
-
-def _check_outputs(args, diag) -> None:
-    """What `check` prints and writes, for a whole run or one its timeout ended."""
-    from ..present.text import render_findings
-    print(render_findings(diag))
-    if args.json:
-        from ..core.files import write_json_atomic
-        write_json_atomic(args.json, diag.to_json_dict())
-    if args.save:
-        diag.save(args.save)
 
 
 def _report(args) -> int:

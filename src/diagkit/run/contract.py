@@ -1,11 +1,14 @@
 """The notebooks' side of the contract: each notebook's `parameters` cell *is* its contract.
 
 A parameters cell holds one typed, commented literal per line (`steps: int = 5  # ...`;
-`str | None` where None is accepted too). `parameters()` reads it, so names, types, defaults
-and help have one home, the notebook; `validate` checks values against it, and options that
-the library knows (`steps`, `delta`, ...) get the library's own check
-(`diagkit.core.options`). Papermill only warns about a parameter a notebook does not declare,
-so `check_parameters` turns that into an error naming the known ones.
+`Optional[int]` where None is accepted too, after a `from typing import Optional` line: the
+spelling papermill's own reader understands, so `papermill --help-notebook` lists every
+parameter and passing one draws no "unknown parameter" warning; `int | None` is not read by
+papermill). `parameters()` reads it, so names, types, defaults and help have one home, the
+notebook; `validate` checks values against it, and options that the library knows (`steps`,
+`delta`, ...) get the library's own check (`diagkit.core.options`). Papermill only warns about
+a parameter a notebook does not declare, so `check_parameters` turns that into an error naming
+the known ones.
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ def parse_cell(source: str, origin: str = "the parameters cell") -> dict[str, Pa
                 if tok.type == tokenize.COMMENT}
     out = {}
     for node in ast.parse(source).body:
+        if isinstance(node, ast.ImportFrom) and node.module == "typing":
+            continue  # `from typing import Optional`: what the annotations below need
         if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
             raise DiagkitError(f"{origin}: the parameters cell holds only `name: type = literal`")
         name = node.target.id
@@ -94,9 +99,16 @@ def _from_history(namespace: dict) -> dict[str, Parameter] | None:
 
 
 def _annotation_types(node: ast.expr) -> tuple[type, ...]:
-    """`int` -> (int,); `str | None` -> (str, NoneType)."""
+    """`int` -> (int,); `Optional[str]` (the notebooks' spelling) and `str | None` (a copy
+    made by an older diagkit) -> (str, NoneType); `Union[int, str]` -> (int, str)."""
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
         return _annotation_types(node.left) + _annotation_types(node.right)
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+        inner = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if node.value.id == "Optional" and len(inner) == 1:
+            return _annotation_types(inner[0]) + (type(None),)
+        if node.value.id == "Union":
+            return tuple(t for part in inner for t in _annotation_types(part))
     if isinstance(node, ast.Constant) and node.value is None:
         return (type(None),)
     key = node.id if isinstance(node, ast.Name) else None

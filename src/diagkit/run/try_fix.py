@@ -10,9 +10,11 @@ finding's verdict before -> after, the optimizer-state bytes the fixes save, and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 from ..core.errors import DiagkitError
+from ..core.format import one_line
 from ..core.options import DEFAULTS
 from ..core.result import Diagnosis
 from ..judge.verdicts import VERDICTS
@@ -63,33 +65,68 @@ class FixPreview:
         return preview_html(self)
 
 
+class FixPreviewFailed(DiagkitError):
+    """The run as it is completed, then the fix preview's own build or run failed. `before`
+    is that first run: complete, and what `--json` and `--save` write (README: "Fix preview")."""
+
+    def __init__(self, message: str, before: Diagnosis):
+        super().__init__(message)
+        self.before = before
+
+
 def try_fixes(target: str, target_args: dict | None = None, *, steps: int | None = None,
               nproc: int = DEFAULTS["nproc"], timeout: float = DEFAULTS["timeout"],
-              delta: str = DEFAULTS["delta"], every: int = DEFAULTS["every"]) -> FixPreview:
-    """Diagnose `target`, apply each finding's fix to a fresh copy, diagnose that copy."""
+              delta: str = DEFAULTS["delta"], every: int = DEFAULTS["every"],
+              on_before=None) -> FixPreview:
+    """Diagnose `target`, apply each finding's fix to a fresh copy, diagnose that copy.
+
+    `on_before(diagnosis)` is called with the run as it is as soon as it is judged, before
+    the fresh copy is built: the CLI writes `--json` and `--save` there, so a second build
+    that fails, hangs, or is ended by `--timeout` cannot lose the first run."""
     args = dict(target_args or {})
     if nproc > 1:
         return _try_distributed(target, args, nproc=nproc, steps=steps, timeout=timeout,
-                                delta=delta, every=every)
+                                delta=delta, every=every, on_before=on_before)
     first = load_target(target, **args)
     before = judge_observation(observe(first, steps, delta=delta, every=every))
+    if on_before is not None:
+        on_before(before)
     plan = plan_fixes(before)
-    fresh = load_target(target, **args)
+    with _second_run(before, "build (the target called again for a fresh copy)"):
+        fresh = load_target(target, **args)
     _check_fresh(first, fresh, target)
     fixes = apply_plan(fresh, plan)
-    after = judge_observation(observe(fresh, steps, restore=False, delta=delta, every=every))
+    with _second_run(before, "run (the fixed copy's steps)"):
+        after = judge_observation(observe(fresh, steps, restore=False, delta=delta,
+                                          every=every))
     return _preview(target, before, after, fixes, plan, step_time=None)
 
 
-def _try_distributed(target, args, *, nproc, steps, timeout, delta, every) -> FixPreview:
+@contextlib.contextmanager
+def _second_run(before: Diagnosis, what: str):
+    """A one-line error of the fix preview's own build or run names it as the preview's, not
+    the target's as the user runs it (that run completed: `before`)."""
+    try:
+        yield
+    except DiagkitError as exc:
+        raise FixPreviewFailed(f"--try-fix: the fix preview's {what} failed: {one_line(exc)}",
+                               before) from exc
+
+
+def _try_distributed(target, args, *, nproc, steps, timeout, delta, every,
+                     on_before=None) -> FixPreview:
     """Under --nproc: the plan travels to every rank, which applies it to its own copy right
     after building the target, and wraps with the DDP setting the advice allows. The fixed
     run's measured cost is the step time with the old (True) and the fixed (False) setting."""
     from .launcher import diagnose_distributed
     common = dict(nproc=nproc, steps=steps, timeout=timeout, delta=delta, every=every)
     before = diagnose_distributed(target, args, **common)
+    if on_before is not None:
+        on_before(before)
     plan = plan_fixes(before)
-    after = diagnose_distributed(target, args, fixes=plan, **common)
+    with _second_run(before, "build and run (the target built again on every rank, with "
+                             "the fixes)"):
+        after = diagnose_distributed(target, args, fixes=plan, **common)
     fixes = after.meta.get("fixes_applied") or [
         {**f, "applied": "not applied (the fixed run failed before)", "dropped_bytes": 0,
          "added_bytes": 0} for f in plan["fixes"]]
@@ -146,31 +183,46 @@ def command(args) -> int:
     """`diagkit check TARGET --try-fix`: the findings of the run as it is (what --json and
     --save write, as without --try-fix), then the preview. Exit code: the fixed run's
     findings against --fail-on (0 once every fix took, unless a finding has no automatic fix).
-    """
+    The run as it is is printed and written as soon as it completes, before the fresh copy
+    is built: a preview whose build fails or hangs then ends in one line saying so (exit 2),
+    with the first run kept."""
     from ..core.files import check_output
     from ..core.options import check_try_fix_options
     from ..present.fix_preview import render_preview
-    from ..present.text import render_findings
-    from .cli_run import bounded, parse_target_args, precheck_target
+    from .check_outputs import check_outputs, unwritten_line
+    from .cli_run import bounded, import_timeout, parse_target_args, precheck_target
     for option in ("json", "save"):
         check_output(getattr(args, option, None), f"--{option}")
     check_try_fix_options(True, meta=args.meta, checkpoint=args.checkpoint,
                           label=lambda name: "--" + name.replace("_", "-"))
     kwargs = parse_target_args(args.arg)
-    precheck_target(args.target, kwargs, None)
+    precheck_target(args.target, kwargs, None, import_timeout(args))
+    unwritten: dict[str, str] = {}
     with bounded(args):
-        preview = try_fixes(args.target, kwargs, steps=args.steps, nproc=args.nproc,
-                            timeout=args.timeout or DEFAULTS["timeout"], delta=args.delta,
-                            every=args.every)
-    print(render_findings(preview.before))
-    if args.json:
-        from ..core.files import write_json_atomic
-        write_json_atomic(args.json, preview.before.to_json_dict())
-    if args.save:
-        preview.before.save(args.save)
+        try:
+            preview = try_fixes(args.target, kwargs, steps=args.steps, nproc=args.nproc,
+                                timeout=args.timeout or DEFAULTS["timeout"], delta=args.delta,
+                                every=args.every,
+                                on_before=lambda diag: unwritten.update(
+                                    check_outputs(args, diag)))
+        except FixPreviewFailed as exc:
+            raise DiagkitError(f"{exc}; {_kept(args, unwritten)}") from None
     print()
     print(render_preview(preview))
-    for diag in (preview.before, preview.after):
+    problems = [unwritten_line(args, unwritten)] if unwritten else []
+    for diag, which in ((preview.before, "run as it is"), (preview.after, "fix preview's run")):
         if diag.meta.get("timed_out"):
-            raise DiagkitError(f"--try-fix: {diag.failure.error}")
+            problems.append(f"--try-fix: the {which} {diag.failure.error}")
+    if problems:
+        raise DiagkitError("; ".join(problems))
     return 1 if preview.fails(args.fail_on) else 0
+
+
+def _kept(args, unwritten: dict[str, str]) -> str:
+    """What of the run as it is was kept, for the line of a fix preview that failed."""
+    from .check_outputs import unwritten_line
+    if unwritten:
+        return unwritten_line(args, unwritten)
+    outputs = [f"--{o} {getattr(args, o)}" for o in ("json", "save") if getattr(args, o, None)]
+    return ("the run as it is completed: its findings are above"
+            + (f", written to {' and '.join(outputs)}" if outputs else ""))
