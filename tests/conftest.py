@@ -9,6 +9,8 @@ Per-step columns (those of schema.STEPS_COLUMNS) take a list (one value per step
 (the same on every step); static columns (schema.PARAMS_COLUMNS) take a scalar. The per-tensor
 aggregates (steps, rg_steps, used_steps, ...) and `requires_grad` at the last step are computed
 from the per-step values, so the two tables always agree.
+
+The session also fails if any process the tests started outlives it (tests/leaks.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 import pandas as pd
 
 from diagkit.core.schema import PARAMS_COLUMNS, STEPS_COLUMNS
+from leaks import pytest_configure, pytest_sessionfinish  # noqa: F401 (no process outlives us)
 from samples import demo
 
 N_STEPS = 3

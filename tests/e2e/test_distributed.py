@@ -1,7 +1,6 @@
 """Real torch.distributed runs: torchrun, 2 processes, gloo on this CPU."""
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -10,23 +9,31 @@ from pathlib import Path
 import pytest
 
 from diagkit.run.launcher import diagnose_distributed
+from jobs import JOB_MARKER, carrying, marked_here
 
 DIAGKIT = str(Path(sys.executable).parent / "diagkit")
 MEM = "module.metamodel.model.mem_tokens"
 
 
-def workers_alive() -> list[int]:
-    """Processes of ours still running a diagkit rank."""
-    alive = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"diagkit.run.worker" in cmd:
-                alive.append(int(pid))
-    return alive
+def workers_alive(tag: str) -> list[int]:
+    """This run's processes still alive: those that carry its marker (`jobs.marked_here`),
+    which torchrun and each rank inherit; another run's ranks on the machine are not ours."""
+    return sorted(carrying(JOB_MARKER, tag))
+
+
+def test_workers_alive_sees_only_its_own_runs_ranks():
+    """Another run's rank on the machine (another test, another user's job) is not ours."""
+    rank = [sys.executable, "-c", "import time; time.sleep(120)", "-m", "diagkit.run.worker"]
+    other = subprocess.Popen(rank)
+    try:
+        with marked_here() as tag:
+            assert workers_alive(tag) == []
+            mine = subprocess.Popen(rank, start_new_session=True)
+            assert workers_alive(tag) == [mine.pid]
+        assert mine.wait(timeout=10) == -9 and other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
 
 
 @pytest.fixture(scope="module")
@@ -90,21 +97,26 @@ def test_user_ddp_without_find_unused_is_a_finding_not_a_crash():
 
 def test_a_hung_rank_ends_with_a_timeout_naming_it():
     started = time.monotonic()
-    diag = diagnose_distributed("diagkit.demos:hang", nproc=2, steps=4, timeout=25,
-                                measure_cost=False)
+    with marked_here() as tag:
+        diag = diagnose_distributed("diagkit.demos:hang", nproc=2, steps=4, timeout=25,
+                                    measure_cost=False)
+        alive = workers_alive(tag)
     assert time.monotonic() - started < 60
     assert "timed out after 25 s" in diag.failure.error
     assert "rank 1 is the one that stopped" in diag.failure.error
     assert diag.meta["steps_observed"] >= 1
-    assert workers_alive() == []  # no rank outlives the run
+    assert alive == []  # no rank outlives the run
 
 
 def test_a_crashing_rank_is_named():
-    diag = diagnose_distributed("diagkit.demos:crash", nproc=2, steps=4, measure_cost=False)
+    with marked_here() as tag:
+        diag = diagnose_distributed("diagkit.demos:crash", nproc=2, steps=4,
+                                    measure_cost=False)
+        alive = workers_alive(tag)
     assert diag.failure is not None
     assert "rank 1" in diag.failure.error and "crashed on purpose" in diag.failure.error
     assert any(f.code == "step_failed" for f in diag.findings)
-    assert workers_alive() == []
+    assert alive == []
 
 
 def test_bad_target_fails_before_launch(tmp_path):
@@ -137,9 +149,11 @@ def build():
 def test_a_dying_rank_is_named(tmp_path):
     (tmp_path / "dies.py").write_text(DIES)
     started = time.monotonic()
-    diag = diagnose_distributed(f"{tmp_path / 'dies.py'}:build", nproc=2, steps=4, timeout=40,
-                                measure_cost=False)
+    with marked_here() as tag:
+        diag = diagnose_distributed(f"{tmp_path / 'dies.py'}:build", nproc=2, steps=4,
+                                    timeout=40, measure_cost=False)
+        alive = workers_alive(tag)
     assert time.monotonic() - started < 60
     assert diag.failure is not None and "rank 1" in diag.failure.error
     assert diag.meta["steps_observed"] >= 1
-    assert workers_alive() == []
+    assert alive == []
