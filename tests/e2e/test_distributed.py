@@ -37,8 +37,23 @@ def test_workers_alive_sees_only_its_own_runs_ranks():
 
 
 @pytest.fixture(scope="module")
-def meta2():
-    return diagnose_distributed("diagkit.demos:meta_memory", nproc=2, steps=4)
+def cli_run(tmp_path_factory):
+    """One `diagkit check --nproc 2` of meta_memory, saved: the CLI's exit code and --json, and
+    the library's result of the same run (`--save`, loaded), share one torchrun job."""
+    out = tmp_path_factory.mktemp("nproc2")
+    started = time.monotonic()
+    run = subprocess.run([DIAGKIT, "check", "diagkit.demos:meta_memory", "--nproc", "2",
+                          "--steps", "4", "--json", str(out / "out.json"), "--save",
+                          str(out / "diag")], capture_output=True, text=True, timeout=300)
+    return run, time.monotonic() - started, out
+
+
+@pytest.fixture(scope="module")
+def meta2(cli_run):
+    import diagkit
+    run, _, out = cli_run
+    assert (out / "diag").is_dir(), run.stderr[-3000:]
+    return diagkit.load(out / "diag")
 
 
 def test_meta_memory_under_ddp_names_the_wrapped_orphan(meta2):
@@ -55,14 +70,11 @@ def test_meta_memory_under_ddp_names_the_wrapped_orphan(meta2):
     assert meta2.advice["find_unused_parameters"]["ddp"]["unused_parameter_size"] == 0
 
 
-def test_cli_nproc_2_exits_1_and_writes_json(tmp_path):
-    started = time.monotonic()
-    run = subprocess.run([DIAGKIT, "check", "diagkit.demos:meta_memory", "--nproc", "2",
-                          "--json", str(tmp_path / "out.json")], capture_output=True, text=True,
-                         timeout=300)
+def test_cli_nproc_2_exits_1_and_writes_json(cli_run):
+    run, seconds, out = cli_run
     assert run.returncode == 1, run.stderr
-    assert time.monotonic() - started < 60
-    params = json.loads((tmp_path / "out.json").read_text())["params"]
+    assert seconds < 60
+    params = json.loads((out / "out.json").read_text())["params"]
     assert {"orphan", "grad_not_cleared"} == set(next(p for p in params if p["name"] == MEM)
                                                  ["verdicts"])
 
