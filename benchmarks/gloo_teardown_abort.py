@@ -2,7 +2,8 @@
 exception") without diagkit: a minimal 2-rank job under torchrun, run N times per variant.
 
 Each rank only imports what its variant names, joins a gloo group, does one all_reduce, and
-destroys the group; nothing of diagkit runs. The abort comes after the rank's last line, at
+destroys the group; nothing of diagkit runs (`parquet`: pandas also writes a small parquet file
+before the group is destroyed, as saving a diagnosis does). The abort comes after the rank's last line, at
 interpreter exit. Prints, per variant, how many of the jobs had a rank abort.
 
     .venv/bin/python benchmarks/gloo_teardown_abort.py --runs 40              # every variant
@@ -32,18 +33,23 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.ones(4)
 dist.all_reduce(t)
+if len(sys.argv) > 3:  # write a parquet file, as a saved diagnosis does (Arrow's threads)
+    import pandas as pd
+    pd.DataFrame({"x": range(1000)}).to_parquet(f"{sys.argv[3]}.{dist.get_rank()}.parquet")
 if sys.argv[2] == "destroy":
     dist.destroy_process_group()
 print("rank", dist.get_rank() if dist.is_initialized() else "-", "done", flush=True)
 """
 VARIANTS = {"none": "none", "pandas": "pandas", "pyarrow": "pyarrow",
-            "pyarrow.compute": "pyarrow.compute", "diagkit": "diagkit"}
+            "pyarrow.compute": "pyarrow.compute", "diagkit": "diagkit", "parquet": "pandas"}
 ABORT = "terminate called without an active exception"
 
 
-def one_job(rank_py: Path, imports: str, ending: str, gdb: bool) -> tuple[bool, str]:
+def one_job(rank_py: Path, variant: str, ending: str, gdb: bool) -> tuple[bool, str]:
     """One torchrun of 2 ranks; (a rank aborted, the job's output)."""
-    python = [sys.executable, "-u", str(rank_py), imports, ending]
+    python = [sys.executable, "-u", str(rank_py), VARIANTS[variant], ending]
+    if variant == "parquet":
+        python.append(str(rank_py.with_name("table")))
     if gdb:
         python = ["gdb", "-q", "-batch", "-return-child-result", "-ex", "set pagination off",
                   "-ex", "run", "-ex", "bt", "-ex", "thread apply all bt 12", "--args", *python]
@@ -71,7 +77,7 @@ def main() -> None:
         for variant in args.variant or list(VARIANTS):
             aborts, started = 0, time.monotonic()
             for i in range(args.runs):
-                aborted, output = one_job(rank_py, VARIANTS[variant], args.ending, args.gdb)
+                aborted, output = one_job(rank_py, variant, args.ending, args.gdb)
                 aborts += aborted
                 if aborted and args.gdb:
                     print(f"--- {variant}, job {i}: a rank aborted\n{output[-12000:]}")

@@ -35,6 +35,7 @@ def pytest_configure(config):
 
 pytest_sessionfinish = leaks.pytest_sessionfinish  # no process outlives the session
 pytest_collection_modifyitems = suite_plan.pytest_collection_modifyitems  # tiers, groups
+pytest_runtest_logreport = suite_plan.pytest_runtest_logreport  # DIAGKIT_TEST_DURATIONS=FILE
 
 N_STEPS = 3
 STEP_DEFAULTS = {

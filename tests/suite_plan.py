@@ -21,9 +21,21 @@ import pytest
 HERE = Path(__file__).resolve().parent
 WHOLE_JOB_DIRS = ("e2e", "integrations")
 # Modules of tests/e2e/ and tests/integrations/ that only run diagkit in this process, quickly.
-QUICK_E2E: set[str] = set()
-# Unit tests (by nodeid prefix, relative to tests/) that run whole jobs in subprocesses.
-SLOW_UNIT: tuple[str, ...] = ()
+QUICK_E2E = {"e2e/test_zoo.py"}
+# Unit tests (by nodeid prefix, relative to tests/) that run whole jobs in other processes: the
+# console script, papermill / nbclient kernels, a browser.
+SLOW_UNIT = (
+    "run/test_cli.py", "run/test_faults.py", "run/test_workbook.py", "run/test_report.py",
+    "run/test_report_from.py", "run/test_report_env.py", "run/test_notebook_errors.py",
+    "run/test_paths.py",
+    "run/test_optimizer_source.py::test_meta_memory_under_two_ranks_carries_the_source_to_rank_0",
+    "run/test_meta.py::test_a_2b_parameter_model_costs_no_parameter_memory",
+    "run/test_meta.py::test_the_notebook_runs_a_target_on_meta",
+    "run/test_try_fix.py::test_the_notebook_cell_shows_the_preview",
+    "run/test_target_folder.py::test_cli_check_of_a_file_target_with_a_sibling_import",
+    "run/test_printed.py::test_the_report_shows_printed_lines_last_and_folded",
+    "present/test_explorer_fixes.py::test_picker_never_points_past_its_options_in_the_browser",
+)
 
 
 def is_slow(item: pytest.Item) -> bool:
@@ -52,6 +64,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if shares_a_fixture(item) and not any(item.iter_markers("xdist_group")):
             item.add_marker(pytest.mark.xdist_group(Path(str(item.path)).name))
+
+
+def pytest_runtest_logreport(report):
+    """DIAGKIT_TEST_DURATIONS=FILE: each phase's seconds, appended as it ends (under xdist, by
+    the controller), so that a run cut short still tells where its time went."""
+    path = os.environ.get("DIAGKIT_TEST_DURATIONS")
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):
+        with open(path, "a") as f:
+            f.write(f"{report.duration:8.2f} {report.when:8s} {report.outcome:7s} "
+                    f"{report.nodeid}\n")
 
 
 def pytest_configure(config):
