@@ -3,14 +3,14 @@ exception") without diagkit: a minimal 2-rank job under torchrun, run N times pe
 
 Each rank only imports what its variant names, joins a gloo group, does one all_reduce, and
 destroys the group; nothing of diagkit runs (`parquet`: pandas also writes a small parquet file
-before the group is destroyed, as saving a diagnosis does). The abort comes after the rank's last line, at
-interpreter exit. Prints, per variant, how many of the jobs had a rank abort.
+before the group is destroyed, as saving a diagnosis does). The abort comes after the rank's
+last line, at interpreter exit. Prints, per variant, how many of the jobs had a rank abort.
 
     .venv/bin/python benchmarks/gloo_teardown_abort.py --runs 40              # every variant
     .venv/bin/python benchmarks/gloo_teardown_abort.py --variant pyarrow --gdb  # a backtrace
 
 `--gdb` runs each rank under gdb and prints the aborting thread's stack and every thread's
-when a rank aborts (README, "Development", says what it shows).
+when a rank aborts (README, "Development": what is known of this abort).
 """
 
 from __future__ import annotations
