@@ -13,8 +13,8 @@ its work, at interpreter teardown, with "terminate called without an active exce
 message is a C++ `std::thread` destroyed while still joinable, at exit: a native thread pool
 torn down with a worker alive. `benchmarks/gloo_teardown_abort.py` looks for it without
 diagkit's code (a bare gloo job; with `import diagkit`; with a parquet write): 0 of 40 jobs
-with `import diagkit` aborted on this machine (README, "Development"), so it is not the import
-alone. A job whose only fault is that is judged by what it wrote and printed, which every
+with `import diagkit` and 0 of 40 with a parquet write aborted on this machine (README,
+"Development"), so it is neither alone. A job whose only fault is that is judged by what it wrote and printed, which every
 test checks in full.
 """
 
