@@ -6,7 +6,11 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.diagkit-installed
 OUT    ?= out/demo
 
-.PHONY: setup system test demo data bench clean
+# The suite runs on $(WORKERS) pytest-xdist workers (tests/suite_plan.py says how it spreads).
+WORKERS ?= 2
+XDIST   := -n $(WORKERS) --dist loadgroup
+
+.PHONY: setup system test test-fast demo data bench clean
 
 setup: $(STAMP)
 
@@ -22,8 +26,14 @@ system:
 	  echo "make: installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# Everything (CI: .ci/run). Fails if any process the tests started outlives them.
 test: $(STAMP) system
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
+
+# The contributor's tier, under 3 minutes here: the unit layers and the quick whole-run checks,
+# none of the tests marked slow (torchrun jobs, papermill, the browser, the wheel).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 demo: $(STAMP)
 	$(VENV)/bin/diagkit demo --out $(OUT)

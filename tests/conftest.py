@@ -9,6 +9,9 @@ Per-step columns (those of schema.STEPS_COLUMNS) take a list (one value per step
 (the same on every step); static columns (schema.PARAMS_COLUMNS) take a scalar. The per-tensor
 aggregates (steps, rg_steps, used_steps, ...) and `requires_grad` at the last step are computed
 from the per-step values, so the two tables always agree.
+
+The session also fails if any process the tests started outlives it (tests/leaks.py); the
+tiers and the spreading over xdist's workers are in tests/suite_plan.py.
 """
 
 from __future__ import annotations
@@ -20,7 +23,19 @@ import pytest
 import pandas as pd
 
 from diagkit.core.schema import PARAMS_COLUMNS, STEPS_COLUMNS
+import leaks
+import suite_plan
 from samples import demo
+
+
+def pytest_configure(config):
+    leaks.pytest_configure(config)  # mark every process the session starts
+    suite_plan.pytest_configure(config)  # one thread per xdist worker
+
+
+pytest_sessionfinish = leaks.pytest_sessionfinish  # no process outlives the session
+pytest_collection_modifyitems = suite_plan.pytest_collection_modifyitems  # tiers, groups
+pytest_runtest_logreport = suite_plan.pytest_runtest_logreport  # DIAGKIT_TEST_DURATIONS=FILE
 
 N_STEPS = 3
 STEP_DEFAULTS = {

@@ -1,7 +1,6 @@
 """Real torch.distributed runs: torchrun, 2 processes, gloo on this CPU."""
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -10,28 +9,51 @@ from pathlib import Path
 import pytest
 
 from diagkit.run.launcher import diagnose_distributed
+from jobs import JOB_MARKER, carrying, marked_here
 
 DIAGKIT = str(Path(sys.executable).parent / "diagkit")
 MEM = "module.metamodel.model.mem_tokens"
 
 
-def workers_alive() -> list[int]:
-    """Processes of ours still running a diagkit rank."""
-    alive = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"diagkit.run.worker" in cmd:
-                alive.append(int(pid))
-    return alive
+def workers_alive(tag: str) -> list[int]:
+    """This run's processes still alive: those that carry its marker (`jobs.marked_here`),
+    which torchrun and each rank inherit; another run's ranks on the machine are not ours."""
+    return sorted(carrying(JOB_MARKER, tag))
+
+
+def test_workers_alive_sees_only_its_own_runs_ranks():
+    """Another run's rank on the machine (another test, another user's job) is not ours."""
+    rank = [sys.executable, "-c", "import time; time.sleep(120)", "-m", "diagkit.run.worker"]
+    other = subprocess.Popen(rank)
+    try:
+        with marked_here() as tag:
+            assert workers_alive(tag) == []
+            mine = subprocess.Popen(rank, start_new_session=True)
+            assert workers_alive(tag) == [mine.pid]
+        assert mine.wait(timeout=10) == -9 and other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
 
 
 @pytest.fixture(scope="module")
-def meta2():
-    return diagnose_distributed("diagkit.demos:meta_memory", nproc=2, steps=4)
+def cli_run(tmp_path_factory):
+    """One `diagkit check --nproc 2` of meta_memory, saved: the CLI's exit code and --json, and
+    the library's result of the same run (`--save`, loaded), share one torchrun job."""
+    out = tmp_path_factory.mktemp("nproc2")
+    started = time.monotonic()
+    run = subprocess.run([DIAGKIT, "check", "diagkit.demos:meta_memory", "--nproc", "2",
+                          "--steps", "4", "--json", str(out / "out.json"), "--save",
+                          str(out / "diag")], capture_output=True, text=True, timeout=300)
+    return run, time.monotonic() - started, out
+
+
+@pytest.fixture(scope="module")
+def meta2(cli_run):
+    import diagkit
+    run, _, out = cli_run
+    assert (out / "diag").is_dir(), run.stderr[-3000:]
+    return diagkit.load(out / "diag")
 
 
 def test_meta_memory_under_ddp_names_the_wrapped_orphan(meta2):
@@ -48,14 +70,11 @@ def test_meta_memory_under_ddp_names_the_wrapped_orphan(meta2):
     assert meta2.advice["find_unused_parameters"]["ddp"]["unused_parameter_size"] == 0
 
 
-def test_cli_nproc_2_exits_1_and_writes_json(tmp_path):
-    started = time.monotonic()
-    run = subprocess.run([DIAGKIT, "check", "diagkit.demos:meta_memory", "--nproc", "2",
-                          "--json", str(tmp_path / "out.json")], capture_output=True, text=True,
-                         timeout=300)
+def test_cli_nproc_2_exits_1_and_writes_json(cli_run):
+    run, seconds, out = cli_run
     assert run.returncode == 1, run.stderr
-    assert time.monotonic() - started < 60
-    params = json.loads((tmp_path / "out.json").read_text())["params"]
+    assert seconds < 60
+    params = json.loads((out / "out.json").read_text())["params"]
     assert {"orphan", "grad_not_cleared"} == set(next(p for p in params if p["name"] == MEM)
                                                  ["verdicts"])
 
@@ -90,21 +109,26 @@ def test_user_ddp_without_find_unused_is_a_finding_not_a_crash():
 
 def test_a_hung_rank_ends_with_a_timeout_naming_it():
     started = time.monotonic()
-    diag = diagnose_distributed("diagkit.demos:hang", nproc=2, steps=4, timeout=25,
-                                measure_cost=False)
+    with marked_here() as tag:
+        diag = diagnose_distributed("diagkit.demos:hang", nproc=2, steps=4, timeout=25,
+                                    measure_cost=False)
+        alive = workers_alive(tag)
     assert time.monotonic() - started < 60
     assert "timed out after 25 s" in diag.failure.error
     assert "rank 1 is the one that stopped" in diag.failure.error
     assert diag.meta["steps_observed"] >= 1
-    assert workers_alive() == []  # no rank outlives the run
+    assert alive == []  # no rank outlives the run
 
 
 def test_a_crashing_rank_is_named():
-    diag = diagnose_distributed("diagkit.demos:crash", nproc=2, steps=4, measure_cost=False)
+    with marked_here() as tag:
+        diag = diagnose_distributed("diagkit.demos:crash", nproc=2, steps=4,
+                                    measure_cost=False)
+        alive = workers_alive(tag)
     assert diag.failure is not None
     assert "rank 1" in diag.failure.error and "crashed on purpose" in diag.failure.error
     assert any(f.code == "step_failed" for f in diag.findings)
-    assert workers_alive() == []
+    assert alive == []
 
 
 def test_bad_target_fails_before_launch(tmp_path):
@@ -137,9 +161,11 @@ def build():
 def test_a_dying_rank_is_named(tmp_path):
     (tmp_path / "dies.py").write_text(DIES)
     started = time.monotonic()
-    diag = diagnose_distributed(f"{tmp_path / 'dies.py'}:build", nproc=2, steps=4, timeout=40,
-                                measure_cost=False)
+    with marked_here() as tag:
+        diag = diagnose_distributed(f"{tmp_path / 'dies.py'}:build", nproc=2, steps=4,
+                                    timeout=40, measure_cost=False)
+        alive = workers_alive(tag)
     assert time.monotonic() - started < 60
     assert diag.failure is not None and "rank 1" in diag.failure.error
     assert diag.meta["steps_observed"] >= 1
-    assert workers_alive() == []
+    assert alive == []

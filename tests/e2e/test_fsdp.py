@@ -16,7 +16,7 @@ import pytest
 
 import diagkit
 from diagkit.run.launcher import diagnose_distributed
-from jobs import finished
+from jobs import finished, run_job
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "fsdp2_job.py"
@@ -36,10 +36,9 @@ def python(code: str, cwd) -> subprocess.CompletedProcess:
 
 def torchrun(tmp_path, *args) -> Path:
     """The FSDP2 program under a real torchrun of 2 processes; returns its diag folder."""
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                           "--max-restarts=0", "--standalone", str(JOB), "--out", "diag",
-                           "--expect", "expect.json", *args], cwd=tmp_path, env=ENV,
-                          capture_output=True, text=True, timeout=300)
+    done = run_job([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                    "--max-restarts=0", "--standalone", str(JOB), "--out", "diag",
+                    "--expect", "expect.json", *args], cwd=tmp_path, env=ENV, timeout=300)
     assert finished(done.returncode, done.stdout + done.stderr), done.stderr[-4000:]
     return tmp_path / "diag"
 

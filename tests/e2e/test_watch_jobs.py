@@ -5,7 +5,6 @@ launched by real torchrun. Each program gains at most 3 lines, marked `# diagkit
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import diagkit
-from jobs import all_finished, finished
+from jobs import all_finished, finished, marked, run_job
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -36,8 +35,8 @@ def torchrun(*launcher: str, script: tuple[str, ...] = ()) -> list[str]:
 
 
 def run(cmd, cwd, timeout=240):
-    done = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True,
-                          timeout=timeout)
+    """The job, to its end: none of its processes (torchrun's ranks) is left when it returns."""
+    done = run_job(cmd, cwd=cwd, env=ENV, timeout=timeout)
     assert finished(done.returncode, done.stdout + done.stderr), \
         done.stdout[-2000:] + done.stderr[-4000:]
     return done
@@ -92,21 +91,25 @@ def test_torchrun_one_node_late_unfreeze_is_rank_divergent(tmp_path):
 
 def launch_two_nodes(root: Path):
     """Two torchrun launchers forming one 2 x 2 job; (folders, codes, logs), or None when the
-    rendezvous never formed in 120 s (both launchers are then killed, nothing outlives it)."""
+    rendezvous never formed in 120 s. Either way, no process of the job outlives this call."""
     port, nodes, procs = free_port(), [root / "node0", root / "node1"], []
-    for rank, cwd in enumerate(nodes):
-        cwd.mkdir(parents=True)
-        procs.append(subprocess.Popen(
-            torchrun("--nnodes=2", f"--node-rank={rank}", f"--rdzv-endpoint=127.0.0.1:{port}"),
-            cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True))
-    try:
-        logs = [p.communicate(timeout=120)[0] for p in procs]
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        return None
+    with marked(ENV) as env:
+        for rank, cwd in enumerate(nodes):
+            cwd.mkdir(parents=True)
+            procs.append(subprocess.Popen(
+                torchrun("--nnodes=2", f"--node-rank={rank}", f"--rdzv-endpoint=127.0.0.1:{port}"),
+                cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                start_new_session=True))
+        try:
+            logs = [p.communicate(timeout=120)[0] for p in procs]
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.stdout.close()
+                p.wait()
     return nodes, [p.returncode for p in procs], logs
 
 
@@ -127,18 +130,22 @@ def test_torchrun_two_nodes_of_two_processes(tmp_path):
 
 
 def test_a_hanging_rank_is_named_and_the_others_steps_are_kept(tmp_path):
-    """Rank 1 stops after two steps; rank 0 reports within the watch's timeout (8 s)."""
-    proc = subprocess.Popen(torchrun("--standalone", script=("--no-ddp-sync", "--hang-rank=1")),
-                            cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "diag" / "run.json").exists():
-            assert time.monotonic() < deadline and proc.poll() is None, "no diagnosis written"
-            time.sleep(0.2)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    """Rank 1 stops after two steps; rank 0 reports within the watch's timeout (8 s). The
+    job is then killed, the hanging rank included (it is in a session of its own)."""
+    with marked(ENV) as env:
+        proc = subprocess.Popen(torchrun("--standalone",
+                                         script=("--no-ddp-sync", "--hang-rank=1")),
+                                cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not (tmp_path / "diag" / "run.json").exists():
+                assert time.monotonic() < deadline and proc.poll() is None, \
+                    "no diagnosis written"
+                time.sleep(0.2)
+        finally:
+            proc.kill()
+            proc.wait()
     diag = diagkit.load(tmp_path / "diag")
     per_rank = diag.steps.groupby("rank")["step"].nunique().to_dict()
     assert per_rank == {0: 4, 1: 2}

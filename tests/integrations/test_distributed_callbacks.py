@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 import diagkit
 from integration_helpers import OFFLINE
-from jobs import finished
+from jobs import finished, run_job
 
 HERE = Path(__file__).resolve().parent
 CASES = {"hf": ("transformers", {"score.weight": ["orphan"]}),
@@ -26,10 +25,9 @@ def test_rank_0_gathers_and_alone_writes(job, tmp_path):
     pytest.importorskip(CASES[job][0])
     env = {**os.environ, **OFFLINE, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node=2", "--max-restarts=0", str(HERE / "ddp_jobs.py"),
-                           job, str(tmp_path / "diag")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = run_job([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node=2", "--max-restarts=0", str(HERE / "ddp_jobs.py"),
+                    job, str(tmp_path / "diag")], cwd=tmp_path, env=env, timeout=300)
     assert finished(done.returncode, done.stdout + done.stderr), \
         done.stdout[-3000:] + done.stderr[-3000:]
     ranks = {r["rank"]: r for r in map(json.loads, (line for line in done.stdout.splitlines()

@@ -16,6 +16,7 @@ import pytest
 
 import diagkit
 from integration_helpers import OFFLINE
+from jobs import run_job
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MARK = "# diagkit"
@@ -37,8 +38,7 @@ def example(request):
 
 def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, **OFFLINE, "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = run_job(command, cwd=cwd, env=env, timeout=600)  # none of its processes outlives it
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 

@@ -1,0 +1,58 @@
+"""A pytest plugin (loaded by conftest.py): the suite fails if a process it started outlives it.
+
+At the start of a session, `DIAGKIT_TEST_SESSION` is set to a fresh value in this process's
+environment, so every process the tests start inherits it (subprocesses, torchrun and its
+ranks, which run in sessions of their own, kernels, browsers). At the end, any process still
+carrying it, other than pytest itself, gets a short grace period to end; those still alive
+are then killed and the session fails with their command lines. pytest-xdist's workers share
+their controller's value (they are the session) and only the controller checks, once every
+worker has ended. A nested pytest (a test that runs pytest) starts a session of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import pytest
+
+from jobs import carrying, kill_carrying
+
+SESSION_MARKER = "DIAGKIT_TEST_SESSION"
+GRACE_S = float(os.environ.get("DIAGKIT_TEST_LEAK_GRACE_S", "5"))  # the tests of it: less
+
+
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")  # an xdist worker
+
+
+def pytest_configure(config):
+    """Mark this session; before xdist starts its workers, which then inherit the mark."""
+    if not _is_worker(config):
+        os.environ[SESSION_MARKER] = uuid.uuid4().hex
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own sessionfinish, which ends the workers
+def pytest_sessionfinish(session):
+    """Fail the session if any process it started is still alive (killed, then named)."""
+    if _is_worker(session.config) or SESSION_MARKER not in os.environ:
+        return
+    tag = os.environ[SESSION_MARKER]
+    end = time.monotonic() + GRACE_S
+    while carrying(SESSION_MARKER, tag) and time.monotonic() < end:
+        time.sleep(0.1)
+    left = kill_carrying(SESSION_MARKER, tag)
+    if not left:
+        return
+    lines = [f"{len(left)} process(es) started by the tests outlived the session "
+             f"(killed now):", *(f"  pid {pid}: {cmd[:300]}" for pid, cmd in sorted(left.items()))]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_sep("=", "processes left behind", red=True)
+        for line in lines:
+            reporter.write_line(line)
+    else:
+        print("\n".join(lines))
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
