@@ -1,11 +1,13 @@
 """Training jobs for torchrun (2 processes, gloo, CPU), one per framework, each with its
 DiagkitCallback: `python -m torch.distributed.run ... ddp_jobs.py hf|lightning OUT`. Each rank
-prints one JSON line of what its callback holds (`test_distributed_callbacks.py` reads them)."""
+writes what its callback holds to `OUT_ranks/<rank>.json` (`test_distributed_callbacks.py`
+reads them): a file each, since the ranks' lines on torchrun's shared stdout can interleave."""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -64,9 +66,11 @@ def lightning(out: str):
 if __name__ == "__main__":
     callback, wrapped = {"hf": hf, "lightning": lightning}[sys.argv[1]](sys.argv[2])
     diag = callback.diagnosis
-    print(json.dumps({
+    ranks = Path(f"{sys.argv[2]}_ranks")
+    ranks.mkdir(exist_ok=True)
+    (ranks / f"{dist.get_rank()}.json").write_text(json.dumps({
         "rank": dist.get_rank(), "wrapped": wrapped, "done": callback.watch.done,
         "verdicts": None if diag is None else {n: sorted(v) for n, v in diag.verdicts().items()},
         "nproc": None if diag is None else diag.meta.get("nproc"),
         "ranks_in_steps": None if diag is None else sorted(map(int, diag.steps["rank"].unique())),
-    }), flush=True)
+    }))

@@ -30,8 +30,8 @@ def test_rank_0_gathers_and_alone_writes(job, tmp_path):
                     job, str(tmp_path / "diag")], cwd=tmp_path, env=env, timeout=300)
     assert finished(done.returncode, done.stdout + done.stderr), \
         done.stdout[-3000:] + done.stderr[-3000:]
-    ranks = {r["rank"]: r for r in map(json.loads, (line for line in done.stdout.splitlines()
-                                                    if line.startswith('{"rank"')))}
+    ranks = {r["rank"]: r for r in (json.loads(f.read_text())
+                                    for f in (tmp_path / "diag_ranks").glob("*.json"))}
     assert sorted(ranks) == [0, 1] and all(r["done"] for r in ranks.values())
     assert {r["wrapped"] for r in ranks.values()} == {"DistributedDataParallel"}
     assert ranks[1]["verdicts"] is None and ranks[0]["nproc"] == 2
@@ -42,4 +42,4 @@ def test_rank_0_gathers_and_alone_writes(job, tmp_path):
     assert {v for vs in verdicts.values() for v in vs} == {"ok"}
     saved = diagkit.load(tmp_path / "diag")
     assert {n: sorted(v) for n, v in saved.verdicts().items()} == ranks[0]["verdicts"] | planted
-    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith("_trainer")] == ["diag"]
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(("_trainer", "_ranks"))] == ["diag"]
