@@ -801,23 +801,27 @@ def main(argv=None) -> int:
                           "met" if label != "every_1" and run["memory_bytes"] < 64 * 2**20
                           else "-"))
     if "import" not in args.skip:
-        print("[import] ...", file=sys.stderr, flush=True)
-        imp = time_import(sz["import_runs"])
-        result["import"] = imp
-        goal = GOALS["import_seconds_over_torch"]
-        lines.append(("import diagkit, over import torch (same process)",
-                      f"{imp['diagkit_s']:.3f} s (import torch {imp['torch_s']:.2f} s; medians "
-                      f"of {imp['runs']} fresh processes)", f"< {goal:.0f} s",
-                      _mark(imp["diagkit_s"], goal)))
-        lines.append(("  heavy modules loaded by import diagkit",
-                      ", ".join(imp["loaded_by_import"]) or "none", "none",
-                      "met" if not imp["loaded_by_import"] else "NOT met"))
-        lines.append(("  first use of diagkit.watch, after the first optimizer was built",
-                      f"{imp['watch_first_use_s']:.2f} s (the observing code, pandas; the "
-                      f"optimizer itself {imp['first_optimizer_s']:.2f} s)", "-", "-"))
+        lines += _import_lines(sz, result)
     result["wall_s"] = time.perf_counter() - started
     _print_and_save(result, lines, out_path, args.profile)
     return 0
+
+
+def _import_lines(sz: dict, result: dict) -> list[tuple]:
+    """Section H, the same on the CPU and the GPU run: `import diagkit` over `import torch`,
+    what it loads, and the first use of `diagkit.watch` (kept in `result["import"]`)."""
+    print("[import] ...", file=sys.stderr, flush=True)
+    imp = result["import"] = time_import(sz["import_runs"])
+    goal = GOALS["import_seconds_over_torch"]
+    return [("import diagkit, over import torch (same process)",
+             f"{imp['diagkit_s']:.3f} s (import torch {imp['torch_s']:.2f} s; medians "
+             f"of {imp['runs']} fresh processes)", f"< {goal:.0f} s", _mark(imp["diagkit_s"], goal)),
+            ("  heavy modules loaded by import diagkit",
+             ", ".join(imp["loaded_by_import"]) or "none", "none",
+             "met" if not imp["loaded_by_import"] else "NOT met"),
+            ("  first use of diagkit.watch, after the first optimizer was built",
+             f"{imp['watch_first_use_s']:.2f} s (the observing code, pandas; the "
+             f"optimizer itself {imp['first_optimizer_s']:.2f} s)", "-", "-")]
 
 
 def _step_lines(kind: str, r: dict, goal: float | None) -> list[tuple]:
@@ -870,20 +874,7 @@ def main_cuda(args) -> int:
                       f"<= 1.0x params + {GOALS['memory_constant_mb']:.0f} MiB",
                       _mark(extra, m["param_bytes"] + GOALS["memory_constant_mb"] * 2**20)))
     if "import" not in args.skip:
-        print("[import] ...", file=sys.stderr, flush=True)
-        imp = time_import(sz["import_runs"])
-        result["import"] = imp
-        goal = GOALS["import_seconds_over_torch"]
-        lines.append(("import diagkit, over import torch (same process)",
-                      f"{imp['diagkit_s']:.3f} s (import torch {imp['torch_s']:.2f} s; medians "
-                      f"of {imp['runs']} fresh processes)", f"< {goal:.0f} s",
-                      _mark(imp["diagkit_s"], goal)))
-        lines.append(("  heavy modules loaded by import diagkit",
-                      ", ".join(imp["loaded_by_import"]) or "none", "none",
-                      "met" if not imp["loaded_by_import"] else "NOT met"))
-        lines.append(("  first use of diagkit.watch, after the first optimizer was built",
-                      f"{imp['watch_first_use_s']:.2f} s (the observing code, pandas; the "
-                      f"optimizer itself {imp['first_optimizer_s']:.2f} s)", "-", "-"))
+        lines += _import_lines(sz, result)
     result["wall_s"] = time.perf_counter() - started
     _print_and_save(result, lines, out_path, args.profile)
     return 0
