@@ -276,10 +276,10 @@ def test_a_rank_that_hangs_while_building_is_the_one_the_others_waited_for(fault
     started = time.monotonic()
     with pytest.raises(DiagkitError) as caught:
         diagnose_distributed(f"{faults / 'faults.py'}:build", {"fault": "hang"}, nproc=2,
-                             timeout=45)
+                             timeout=25)
     assert time.monotonic() - started < 120
     text = str(caught.value)
-    assert text.startswith("timed out after 45 s: "), text
+    assert text.startswith("timed out after 25 s: "), text
     assert "rank 0 had built the target and was waiting for the others" in text, text
     assert "rank 1 stopped while building the target" in text, text
     assert "rank 1 is the one that stopped (the others waited for it)" in text, text
@@ -336,7 +336,7 @@ def test_a_rank_that_hangs_while_importing_the_target_is_named_with_the_phase(fa
     """Only rank 1 hangs at import (the launcher's own check of the target imports fine)."""
     (faults / "HANG_AT_IMPORT").touch()
     with pytest.raises(DiagkitError) as caught:
-        diagnose_distributed(f"{faults / 'faults.py'}:build", nproc=2, timeout=45)
+        diagnose_distributed(f"{faults / 'faults.py'}:build", nproc=2, timeout=25)
     text = str(caught.value)
     assert "rank 1 stopped while importing the target" in text, text
     assert "rank 0 had built the target and was waiting for the others" in text, text

@@ -138,7 +138,7 @@ def one_error_line(run: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.parametrize("how, why", [
     ("raise", "raised while building the setup: RuntimeError: the data server is gone"),
-    ("hang", "timed out after 20 s (--timeout) while building the setup"),
+    ("hang", "timed out after 10 s (--timeout) while building the setup"),
 ])
 def test_a_fix_preview_whose_build_fails_keeps_the_first_run(tmp_path, how, why):
     """D3: the run as it is completes, then the fresh copy's build raises or outlives
@@ -146,7 +146,7 @@ def test_a_fix_preview_whose_build_fails_keeps_the_first_run(tmp_path, how, why)
     build, not the target as the user runs it."""
     (tmp_path / "t.py").write_text(SECOND_BUILD_FAILS)
     run = subprocess.run([DIAGKIT, "check", "t.py:build", "--arg", f"how={how}", "--try-fix",
-                          "--timeout", "20", "--json", "before.json", "--save", "saved"],
+                          "--timeout", "10", "--json", "before.json", "--save", "saved"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     line = one_error_line(run)
     assert line.startswith("diagkit: error: --try-fix: the fix preview's build"), line

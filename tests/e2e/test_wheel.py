@@ -49,15 +49,6 @@ def test_the_wheel_is_the_one_imported(installed, tmp_path):
     assert proc.stdout.strip() == str(installed / "diagkit" / "__init__.py")
 
 
-def test_report_runs_from_the_wheel(installed, tmp_path):
-    proc = _run(installed, tmp_path, "-m", "diagkit.run.cli", "report",
-                "diagkit.demos:finetune_heads", "--steps", "1", "--out", "rep")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    findings = json.loads((tmp_path / "rep" / "findings.json").read_text())
-    assert findings["worst"] == "warning"  # the dead heads, from the shipped checkpoint
-    assert (tmp_path / "rep" / "report.html").stat().st_size > 10_000
-
-
 def test_the_compare_notebook_finds_its_shipped_defaults(installed, tmp_path):
     proc = _run(installed, tmp_path, "-c",
                 "from diagkit.run import compare; print(compare.check_parameters({})"
@@ -69,7 +60,8 @@ def test_the_compare_notebook_finds_its_shipped_defaults(installed, tmp_path):
 
 def test_notebooks_copied_out_of_the_wheel_run_and_demo_works(installed, tmp_path):
     """`diagkit notebooks DIR`, then both notebooks run from DIR (the README's checkpoint
-    spelling found among the wheel's demo files), and `diagkit demo`, all far from the repo."""
+    spelling found among the wheel's demo files), and `diagkit demo` (the report runner, its
+    three runs of the workbook), all far from the repo."""
     proc = _run(installed, tmp_path, "-m", "diagkit.run.cli", "notebooks", "mine")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(tmp_path / "mine" / n) for n in
@@ -91,3 +83,6 @@ def test_notebooks_copied_out_of_the_wheel_run_and_demo_works(installed, tmp_pat
                 "--out", "demo")
     assert proc.returncode in (0, 1), proc.stderr[-2000:]  # 1: the demos' findings
     assert (tmp_path / "demo" / "report.html").stat().st_size > 10_000
+    # `diagkit report` from the wheel: the dead heads, from the shipped checkpoint
+    findings = json.loads((tmp_path / "demo" / "finetune_heads" / "findings.json").read_text())
+    assert findings["worst"] == "warning"

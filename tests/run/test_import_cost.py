@@ -72,3 +72,34 @@ def test_watch_on_a_tiny_model_loads_no_rendering_module():
     """)
     assert got["verdicts"] == {"weight": ["ok"], "bias": ["ok"]}
     assert got["loaded"] == []
+
+
+def test_a_typo_on_the_command_line_is_refused_before_torch_is_imported(tmp_path):
+    """Bad usage is one line at once: the console script checks its options, its outputs and
+    the target's spec (its form, its file, its top-level package) before it imports torch,
+    pandas or the target."""
+    (tmp_path / "a_file").write_text("the user's\n")
+    cases = [["check", "diagkit.demos.clean"], ["check", "no_such_package_xyz.train:build"],
+             ["check", str(tmp_path / "missing.py") + ":build"],
+             ["check", "diagkit.demos:clean", "--steps", "0"],
+             ["check", "diagkit.demos:clean", "--json", str(tmp_path / "no" / "x.json")],
+             ["report", "--from", str(tmp_path / "nothing"), "--out", str(tmp_path / "o")],
+             ["report", "--from", str(tmp_path / "a_file"), "--out", str(tmp_path / "o")],
+             ["demo", "--out", str(tmp_path / "a_file")]]
+    got = fresh(f"""
+        import contextlib, io, json, sys
+        from diagkit.run.cli import main
+        out = []
+        for argv in {cases!r}:
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                code = main(argv)
+            out.append([code, err.getvalue()])
+        print(json.dumps({{"runs": out, "loaded": [m for m in ("torch", "pandas", "numpy")
+                                                    if m in sys.modules]}}))
+    """)
+    for (code, err), argv in zip(got["runs"], cases):
+        assert code == 2 and err.startswith("diagkit: error: ") and err.count("\n") == 1, argv
+    assert "no module named 'no_such_package_xyz.train'" in got["runs"][1][1]
+    assert "no such file" in got["runs"][2][1]
+    assert got["loaded"] == []

@@ -67,8 +67,16 @@ def test_demo_writes_one_report_and_says_where(demo):
     out, run = demo
     assert str((out / "report.html").resolve()) in run.stdout
     assert {"report.html", "report.ipynb"} <= {p.name for p in out.iterdir()}
-    for name in ("meta_memory", "finetune_heads", "clean"):
+    for name, worst in (("meta_memory", "error"), ("finetune_heads", "warning"),
+                        ("clean", None)):  # the workbook, run headless by papermill on each
         assert {"params.csv", "steps.csv", "findings.json"} <= {p.name for p in (out / name).iterdir()}
+        assert json.loads((out / name / "findings.json").read_text())["worst"] == worst, name
+        assert (out / name / "params.csv").read_text().count("\n") > 1
+    cells = json.loads((out / "report.ipynb").read_text())["cells"]
+    outputs = [o for c in cells for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    # each demo's gradient norms, update ratios and wiring matrix
+    assert len([o for o in outputs if "image/png" in o.get("data", {})]) >= 9
     assert "diagkit diagkit.demos:meta_memory" in run.stderr  # progress was shown
     assert not list(out.parent.glob(".report.tmp-*"))  # scratch folders cleaned up
     assert "DuplicateCellId" not in run.stderr  # three runs of one notebook, merged
@@ -95,8 +103,10 @@ def test_report_html_is_self_contained(demo):
 
 
 def test_report_command_exit_codes_and_files(tmp_path):
+    """Exit 1 for an error finding (exit 0 for a clean report: the --nproc and checkpoint
+    reports below), the tables beside the HTML, and --show-code."""
     run = diagkit("report", "diagkit.demos:meta_memory", "--out", str(tmp_path / "m"),
-                  "--steps", "2")
+                  "--steps", "2", "--show-code")
     assert run.returncode == 1, run.stderr  # an orphan is an error finding
     assert messages(run.stderr) == []  # --steps and out_dir are passed: no papermill warning
     names = {p.name for p in (tmp_path / "m").iterdir()}
@@ -104,10 +114,7 @@ def test_report_command_exit_codes_and_files(tmp_path):
     findings = json.loads((tmp_path / "m" / "findings.json").read_text())
     assert findings["worst"] == "error"
     assert any(f["code"] == "orphan" for f in findings["findings"])
-    run = diagkit("report", "diagkit.demos:clean", "--out", str(tmp_path / "c"), "--steps", "2",
-                  "--show-code")
-    assert run.returncode == 0, run.stderr
-    html = (tmp_path / "c" / "report.html").read_text()
+    html = (tmp_path / "m" / "report.html").read_text()
     assert "hl-ipython3" in html and "check_parameters" in html
 
 

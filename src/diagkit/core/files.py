@@ -11,12 +11,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from .errors import DiagkitError
 from .schema import TUPLE_COLUMNS
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def check_replaceable_dir(target: Path, marker: str) -> None:
@@ -119,7 +120,12 @@ def write_json_atomic(path, payload) -> None:
 
 
 def to_jsonable(obj):
-    """Strict JSON: NaN and infinities become null, numpy scalars plain numbers."""
+    """Strict JSON: NaN and infinities become null, numpy scalars plain numbers. (numpy and
+    pandas are imported where used: the command line checks its outputs with this module
+    before anything heavy is imported.)"""
+    import numpy as np
+    import pandas as pd
+
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set, frozenset)):
@@ -162,6 +168,8 @@ def to_parquet(df: pd.DataFrame, path: Path) -> None:
 
 
 def from_parquet(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
     df = pd.read_parquet(path)
     for col in TUPLE_COLUMNS:
         if col in df:

@@ -48,6 +48,8 @@ def precheck_target(spec: str, kwargs: dict, checkpoint: str | None,
     """Fail in one line before a kernel starts: the target must import and accept its args.
     `timeout`: the import's bound (`import_timeout`; a target that hangs at import is one line
     naming the phase, exit 2)."""
+    from .target_spec import check_findable
+    check_findable(spec)  # a typo: one line before torch is imported
     from . import deadline
     from .target import check_kwargs, resolve_target
     with deadline.bound_import(timeout):

@@ -93,12 +93,12 @@ def load_saved(path):
     `diagkit.load` trusts its folder; here it may be anything a user typed, copied off a GPU
     node half-way, or written by another version, so every failure becomes one sentence, and
     the columns the notebook's cells read are checked before any cell reads them."""
-    from ..core.result import load
     folder = Path(path)
     where = str(path) if folder.is_absolute() else f"{path} (from {Path.cwd()})"
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
         raise DiagkitError(f"saved diagnosis {where} {what}")
+    from ..core.result import load  # torch and pandas: only for a folder worth reading
     try:
         diag = load(folder)
     except DiagkitError:

@@ -22,6 +22,7 @@ from ..core.errors import TargetError
 from ..core.options import positive_int
 from ..measure.provenance import record_optimizer_sources, sources_for
 from . import deadline
+from .target_spec import split_spec
 
 _KEYS = ("model", "optimizer", "optimizers", "batch_fn", "loss_fn", "train_step", "steps",
          "zero_grad_set_to_none", "lr_scheduler")
@@ -185,10 +186,7 @@ def target_folder_importable(spec):
 def resolve_target(spec: str) -> Callable:
     """The target's function, imported but not called (the CLI checks a target this way
     before it launches ranks, so a typo fails in one line here, not in N processes)."""
-    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-        raise TargetError(f"target {spec!r} is not of the form 'package.module:function' "
-                          "or 'path/to/file.py:function'")
-    where, name = spec.split(":")
+    where, name = split_spec(spec)
     with target_folder_importable(spec):
         module = _import_file(where) if where.endswith(".py") else _import_module(where)
     fn = getattr(module, name, None)
