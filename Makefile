@@ -6,8 +6,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.diagkit-installed
 OUT    ?= out/demo
 
-# The suite runs on $(WORKERS) pytest-xdist workers (tests/suite_plan.py says how it spreads).
-WORKERS ?= 2
+# The suite runs on $(WORKERS) pytest-xdist workers (tests/suite_plan.py says how it spreads;
+# three on two cores: one runs while the others wait on a timeout, a rank or a browser).
+WORKERS ?= 3
 XDIST   := -n $(WORKERS) --dist loadgroup
 
 .PHONY: setup system test test-fast demo data bench clean

@@ -7,15 +7,13 @@ carries an environment variable unique to that job (`DIAGKIT_TEST_JOB`, inherite
 and its ranks); when the job ends, however it ends, every process that carries it is killed,
 and the call returns only once they are gone.
 
-A rank of a job that imports pandas and pyarrow (as `import diagkit` does) can abort *after*
-its work, at interpreter teardown, with "terminate called without an active exception"
-(SIGABRT, no Python frame left); torchrun then stops the other ranks with SIGTERM. That
-message is a C++ `std::thread` destroyed while still joinable, at exit: a native thread pool
-torn down with a worker alive. `benchmarks/gloo_teardown_abort.py` looks for it without
-diagkit's code (a bare gloo job; with `import diagkit`; with a parquet write): 0 of 40 jobs
-with `import diagkit` and 0 of 40 with a parquet write aborted on this machine (README,
-"Development"), so it is neither alone. A job whose only fault is that is judged by what it wrote and printed, which every
-test checks in full.
+A rank that exits with its gloo process group still alive can abort *after* its work, at
+interpreter teardown, with "terminate called without an active exception" (SIGABRT, no Python
+frame left; torchrun then stops the other ranks with SIGTERM): torch's own, reproduced without
+diagkit by `benchmarks/gloo_teardown_abort.py --ending no-destroy` (README, "Development").
+Every job diagkit and these tests run destroys its group, so it should not happen; a job whose
+only fault is that is still judged by what it wrote and printed, which every test checks in
+full.
 """
 
 from __future__ import annotations

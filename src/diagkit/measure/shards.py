@@ -17,20 +17,25 @@ folding ranks and comparing them (`diagkit.measure.aggregate`) needs nothing new
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 
 from ..core.errors import DiagkitError
 
-try:  # torch.distributed is optional in some builds
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-except ImportError:  # pragma: no cover - every supported build has it
-    DTensor = Replicate = Shard = None
+
+def _dtensor_module():
+    """`torch.distributed.tensor` if it is loaded, else None. A tensor can only be a DTensor
+    once that module is imported (by FSDP2, tensor parallelism, or the user), so diagkit never
+    imports it itself: that import costs about half a second in every process and rank."""
+    return sys.modules.get("torch.distributed.tensor")
 
 
 def is_sharded(t) -> bool:
     """Whether `t` is a DTensor (FSDP2, tensor parallelism): measured through its shard."""
-    return DTensor is not None and isinstance(t, DTensor)
+    module = _dtensor_module()
+    return module is not None and isinstance(t, module.DTensor)
 
 
 def local(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -72,11 +77,11 @@ def reduce_dims(t) -> tuple[int, ...]:
     Replicated dimensions (HSDP's outer one) already hold the whole of it. A `Partial`
     placement holds addends, not parts: no norm of it combines exactly, so it is refused.
     """
-    dims = []
+    dims, module = [], _dtensor_module()  # loaded: `t` is a DTensor
     for d, placement in enumerate(t.placements):
-        if isinstance(placement, Shard):
+        if isinstance(placement, module.Shard):
             dims.append(d)
-        elif not isinstance(placement, Replicate):
+        elif not isinstance(placement, module.Replicate):
             raise DiagkitError(f"diagkit cannot observe a DTensor parameter with placement "
                                f"{placement!r} (only Shard and Replicate): shape "
                                f"{tuple(t.shape)}")
