@@ -426,9 +426,10 @@ def test_notebook_escapes_hostile_tensor_names(tmp_path):
     assert "&lt;b&gt;new&lt;/b&gt;" in page
 
 
+# In the kernel: a name the notebook does not know, and a path looked up from its folder (a
+# wrong type is refused by the same check: test_check_parameters_..., and test_workbook.py).
 @pytest.mark.parametrize("parameters, words", [
     ({"steps": 2}, ["unknown", "'steps'", "checkpoint_a"]),
-    ({"trust_checkpoint": 1}, ["'trust_checkpoint'", "bool", "int"]),
     ({"checkpoint_a": "nope.pt"}, ["checkpoint_a nope.pt not found (looked in", "nope.pt"]),
 ])
 def test_notebook_rejects_bad_parameters(tmp_path, parameters, words):
@@ -449,24 +450,16 @@ def test_check_parameters_resolves_repo_paths_and_checks_types(tmp_path, monkeyp
     assert local == str(tmp_path / "data" / "meta_memory_step2.pt")  # the working folder first
     with pytest.raises(DiagkitError, match="'out_dir' must be str or None"):
         compare.check_parameters({"out_dir": 3})
+    with pytest.raises(DiagkitError, match="'trust_checkpoint' must be bool, got int"):
+        compare.check_parameters({"trust_checkpoint": 1})
+    with pytest.raises(DiagkitError, match="'checkpoint_a' must be str, got NoneType"):
+        compare.check_parameters({"checkpoint_a": None})
 
 
 def test_validate_fills_defaults():
     settings = compare.validate({"checkpoint_b": "b.pt"})
     assert settings == {"checkpoint_a": "data/meta_memory_step2.pt", "checkpoint_b": "b.pt",
                         "trust_checkpoint": False, "out_dir": ""}
-
-
-def test_report_runner_renders_the_compare_notebook(tmp_path):
-    from diagkit.run import report
-    result = report.write_report(
-        tmp_path / "out", {"compare": {"checkpoint_a": str(STEP2), "checkpoint_b": str(STEP5)}},
-        notebook=NOTEBOOK.name, check=compare.validate, title="diagkit compare")
-    assert result.error is None and result.worst == "warning"
-    page = result.html.read_text()
-    assert MEM in page and "<script" not in page
-    assert {"comparison.csv", "findings.json", "report.html"} <= {
-        p.name for p in (tmp_path / "out").iterdir()}
 
 
 DIAGKIT = str(Path(sys.executable).parent / "diagkit")
@@ -485,7 +478,12 @@ def test_cli_on_the_demo_pair(tmp_path):
     payload = json.loads((tmp_path / "c.json").read_text())
     row = next(t for t in payload["tensors"] if t["name"] == MEM)
     assert row["identical"] is True and payload["worst"] == "warning"
-    assert MEM in (tmp_path / "rep" / "report.html").read_text()
+    # --out: the report runner renders the compare notebook
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert MEM in page and "<script" not in page
+    assert {"comparison.csv", "findings.json", "report.html"} <= {
+        p.name for p in (tmp_path / "rep").iterdir()}
+    assert json.loads((tmp_path / "rep" / "findings.json").read_text())["worst"] == "warning"
     assert _cli(STEP2, STEP5).returncode == 0  # default --fail-on error
 
 

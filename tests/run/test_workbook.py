@@ -229,8 +229,7 @@ def test_the_readme_headless_command_draws_no_papermill_warning(tmp_path):
 @pytest.mark.parametrize("bad, words", [
     ({"steps": "ten"}, "notebook parameter 'steps' must be int or None, got str 'ten'"),
     ({"out_dir": 3}, "notebook parameter 'out_dir' must be str or None, got int 3"),
-    ({"checkpoint_a": None}, "notebook parameter 'checkpoint_a' must be str, got NoneType"),
-])
+])  # the compare notebook's other types: test_compare.py, check_parameters
 def test_a_wrong_type_still_fails_the_notebook_in_one_line(tmp_path, bad, words):
     path = COMPARE if "checkpoint_a" in bad or "out_dir" in bad else DIAGNOSE
     with pytest.raises(PapermillExecutionError) as info:
