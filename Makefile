@@ -17,8 +17,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade-strategy only-if-needed -c constraints.txt torch==2.13.0
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0 -e '.[dev]'  # one resolve
 	touch $(STAMP)
 
 # The browser tests need a real Chromium: Debian's, never a downloaded one.
