@@ -121,30 +121,32 @@ def write_json_atomic(path, payload) -> None:
 
 def to_jsonable(obj):
     """Strict JSON: NaN and infinities become null, numpy scalars plain numbers. (numpy and
-    pandas are imported where used: the command line checks its outputs with this module
-    before anything heavy is imported.)"""
+    pandas are imported here, once per call, not per element: the command line checks its
+    outputs with this module before anything heavy is imported.)"""
     import numpy as np
     import pandas as pd
 
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [to_jsonable(v) for v in obj]
-    if obj is None or obj is pd.NA:
-        return None
-    if isinstance(obj, (bool, np.bool_)):
-        return bool(obj)
-    if isinstance(obj, (int, np.integer)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if np.isfinite(obj) else None
-    if isinstance(obj, str):
-        return obj
-    return str(obj)
+    def strict(obj):
+        if isinstance(obj, dict):
+            return {str(k): strict(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            return [strict(v) for v in obj]
+        if obj is None or obj is pd.NA:
+            return None
+        if isinstance(obj, (bool, np.bool_)):
+            return bool(obj)
+        if isinstance(obj, (int, np.integer)):
+            return int(obj)
+        if isinstance(obj, (float, np.floating)):
+            return float(obj) if np.isfinite(obj) else None
+        if isinstance(obj, str):
+            return obj
+        return str(obj)
+    return strict(obj)
 
 
 def records(df: pd.DataFrame) -> list[dict]:
-    return [to_jsonable(row) for row in df.to_dict(orient="records")]
+    return to_jsonable(df.to_dict(orient="records"))
 
 
 def to_parquet(df: pd.DataFrame, path: Path) -> None:

@@ -22,7 +22,7 @@ from ..core.errors import TargetError
 from ..core.options import positive_int
 from ..measure.provenance import record_optimizer_sources, sources_for
 from . import deadline
-from .target_spec import split_spec
+from .target_spec import no_file, no_module, split_spec
 
 _KEYS = ("model", "optimizer", "optimizers", "batch_fn", "loss_fn", "train_step", "steps",
          "zero_grad_set_to_none", "lr_scheduler")
@@ -202,8 +202,7 @@ def _import_module(dotted: str):
         return importlib.import_module(dotted)
     except ModuleNotFoundError as exc:
         if exc.name and (dotted == exc.name or dotted.startswith(exc.name + ".")):
-            raise TargetError(f"no module named {dotted!r} (is it installed, "
-                              "or on PYTHONPATH?)") from None
+            raise no_module(dotted) from None
         raise TargetError(f"importing {dotted!r} failed: {exc}") from exc
     except Exception as exc:  # user code raised while importing: name it, one line
         raise TargetError(f"importing {dotted!r} failed: {type(exc).__name__}: {exc}") from exc
@@ -214,7 +213,7 @@ def _import_module(dotted: str):
 def _import_file(path: str):
     file = Path(path)
     if not file.is_file():
-        raise TargetError(f"no such file: {path}")
+        raise no_file(path)
     mod_name = f"diagkit_target_{abs(hash(str(file.resolve())))}"
     spec = importlib.util.spec_from_file_location(mod_name, file)
     module = importlib.util.module_from_spec(spec)

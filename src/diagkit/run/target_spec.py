@@ -19,13 +19,23 @@ def split_spec(spec) -> tuple[str, str]:
     return where, name
 
 
+def no_module(dotted: str) -> TargetError:
+    """The one sentence for a target module that is not there (here and at the import)."""
+    return TargetError(f"no module named {dotted!r} (is it installed, or on PYTHONPATH?)")
+
+
+def no_file(path: str) -> TargetError:
+    """The one sentence for a target file that is not there (here and at the import)."""
+    return TargetError(f"no such file: {path}")
+
+
 def check_findable(spec) -> None:
     """The spec's form, its file, and its top-level package, as importing it would find them
     (`find_spec` of a top-level name imports nothing). The import itself still decides."""
     where, _ = split_spec(spec)
     if where.endswith(".py"):
         if not Path(where).is_file():
-            raise TargetError(f"no such file: {where}")
+            raise no_file(where)
         return
     top = where.split(".")[0]
     try:
@@ -33,4 +43,4 @@ def check_findable(spec) -> None:
     except (ImportError, ValueError):
         return  # let the import say what is wrong
     if found is None:
-        raise TargetError(f"no module named {where!r} (is it installed, or on PYTHONPATH?)")
+        raise no_module(where)
