@@ -27,7 +27,8 @@ _FORMAT_VERSION = 1
 class Finding:
     """One verdict (or run-level problem) over one module subtree, with a fix to paste.
 
-    `source`: for a finding about optimizer membership, where the groups concerned were built,
+    `since`, `until`, `ended`: when it held, for a watch over the whole run (README, "The
+    whole run"). `source`: for a finding about optimizer membership, where the groups concerned were built,
     one dict per group: {"optimizer", "group", "class", "file", "line", "lines", "how",
     "call_line"} (empty when diagkit did not see the optimizer built; see the README).
     """
@@ -41,6 +42,11 @@ class Finding:
     count: int = 0
     bytes: int = 0
     source: tuple[dict, ...] = dataclasses.field(default=(), hash=False)
+    # A whole-run watch's finding: the first and last observed step it held on, and the first
+    # observed step it no longer held on (None: it still held at the end). None elsewhere.
+    since: int | None = None
+    until: int | None = None
+    ended: int | None = None
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

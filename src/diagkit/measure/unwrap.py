@@ -20,7 +20,14 @@ _MODULE_WRAPPERS = {"DistributedDataParallel": "module", "DataParallel": "module
 
 
 def unwrap_model(model) -> tuple[torch.nn.Module, list[str]]:
-    """The innermost module, and the wrappers' class names from the outside in."""
+    """The innermost module, and the wrappers' class names from the outside in.
+
+    A dict of modules (`{"encoder": enc, "decoder": dec}`, as the seq2seq tutorial keeps them,
+    each with its own optimizer) is watched as one `ModuleDict` that holds each unwrapped
+    module under its key: its tensors are named `encoder.…`, `decoder.…`. The ModuleDict
+    only refers to the user's modules; it changes none of them."""
+    if isinstance(model, dict):
+        return _modules_by_key(model)
     if not isinstance(model, torch.nn.Module):
         raise DiagkitError(f"watch needs the model as a torch.nn.Module, got {type(model).__name__}")
     wrappers = []
@@ -31,6 +38,22 @@ def unwrap_model(model) -> tuple[torch.nn.Module, list[str]]:
         wrappers.append(type(model).__name__)
         model = inner
     return model, wrappers
+
+
+def _modules_by_key(models: dict) -> tuple[torch.nn.Module, list[str]]:
+    if not models:
+        raise DiagkitError("watch got an empty dict of modules: nothing to watch")
+    inner, wrappers = {}, []
+    for key, module in models.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise DiagkitError(f"watch's dict of modules needs identifier keys (they name the "
+                               f"tensors), got {key!r}")
+        if not isinstance(module, torch.nn.Module):
+            raise DiagkitError(f"watch's dict of modules needs torch.nn.Module values, got "
+                               f"{type(module).__name__} under {key!r}")
+        inner[key], found = unwrap_model(module)
+        wrappers += [w for w in found if w not in wrappers]
+    return torch.nn.ModuleDict(inner), wrappers
 
 
 def unwrap_optimizers(optimizer_or_list) -> list[torch.optim.Optimizer]:

@@ -27,6 +27,7 @@ from ..measure.ddp_facts import ddp_facts
 from ..measure.inventory import take_inventory
 from ..measure.observer import Observer
 from ..measure.provenance import watch_sources
+from ..measure.run_clock import RunClock
 from ..measure.step_clock import StepClock
 from ..measure.step_state import LoopFacts
 from ..measure.unwrap import unwrap_model, unwrap_optimizers
@@ -34,14 +35,22 @@ from . import watch_ends
 from .gather import RankChannel, distributed
 from .pipeline import Observation, judge_observation
 from .watch_ranks import assemble
+from .whole_run import WholeRun
 
 
-def watch(model, optimizer_or_list, *, steps: int = DEFAULTS["watch_steps"],
+def watch(model, optimizer_or_list, *, steps: int | None = DEFAULTS["watch_steps"],
           every: int = DEFAULTS["every"], delta: str = DEFAULTS["delta"],
           sample: int = DEFAULTS["sample"], out=None, report: bool = False,
-          timeout: float = DEFAULTS["timeout"]) -> "Watch":
+          timeout: float = DEFAULTS["timeout"], on_finding=None,
+          halt_on: str | None = None) -> "Watch":
     """Observe the next `steps` observed optimizer steps of the user's own loop (steps 0,
     every, 2*every, ... counted from now), then detach and judge.
+
+    `steps=None`: the whole run, one step in `every` until `stop()` or the process's end, with
+    each wiring change observed at once (`diagkit.run.whole_run`; README, "The whole run").
+    `on_finding(finding)`: called with each new warning or error as it appears; `halt_on`
+    ("error", "warning"): `should_stop` turns True when such a finding appears (the callbacks
+    then stop training).
 
     `model`, `optimizer_or_list`: as the loop holds them (DDP, DataParallel, `torch.compile`,
     accelerate and Lightning wrappers are seen through). `out`: a folder the diagnosis is saved
@@ -53,15 +62,21 @@ def watch(model, optimizer_or_list, *, steps: int = DEFAULTS["watch_steps"],
     """
     return Watch(model, optimizer_or_list, steps=steps, every=every, delta=delta,
                  sample=sample, out=out, report=report, timeout=timeout,
-                 caller=sys._getframe(1))
+                 on_finding=on_finding, halt_on=halt_on, caller=sys._getframe(1))
 
 
-def check_watch_options(*, steps, every, delta, sample, out, report, timeout) -> None:
+def check_watch_options(*, steps, every, delta, sample, out, report, timeout, on_finding=None,
+                        halt_on=None) -> None:
     """Every option of `watch` checked before anything is attached (the callbacks check theirs
     with it as they are built): a bad one, or an `out` that cannot be written, fails now, not
     after training."""
     check_run_options(steps=steps, delta=delta, every=every, sample=sample)
     positive_seconds(timeout, "timeout")
+    if on_finding is not None and not callable(on_finding):
+        raise DiagkitError(f"on_finding must be a callable taking a Finding, got "
+                           f"{type(on_finding).__name__}")
+    if halt_on not in (None, "error", "warning"):
+        raise DiagkitError(f"halt_on must be None, 'error' or 'warning', got {halt_on!r}")
     if report and out is None:
         raise DiagkitError("report=True needs out=DIR: the report is rendered from the "
                            "diagnosis saved there")
@@ -74,9 +89,10 @@ class Watch:
     `stop()` ends it early; as a context manager it ends at the block's exit."""
 
     def __init__(self, model, optimizer_or_list, *, steps, every, delta, sample, out, report,
-                 timeout, caller=None):
+                 timeout, on_finding=None, halt_on=None, caller=None, first_step=0):
         check_watch_options(steps=steps, every=every, delta=delta, sample=sample, out=out,
-                            report=report, timeout=timeout)
+                            report=report, timeout=timeout, on_finding=on_finding,
+                            halt_on=halt_on)
         self.report = bool(report)
         inner, self.wrappers = unwrap_model(model)
         optimizers = unwrap_optimizers(optimizer_or_list)
@@ -88,26 +104,46 @@ class Watch:
                                "nothing to watch")
         self.channel = RankChannel() if distributed() else None
         self.timeout, self.delta, self.every, self.steps = timeout, delta, every, steps
-        self._ddp = model if "DistributedDataParallel" in self.wrappers else None
-        # Without a process group the loop may earn hookless reads (`EarnedShare`).
-        self.observer = Observer(self.inventory, optimizers, delta=delta, sample=sample,
-                                 checksums=self.channel is not None, step_ends=True,
-                                 loop=LoopFacts(may_earn_shares=self.channel is None))
-        self.clock = StepClock(self.observer, optimizers, steps=steps, every=every,
-                               on_step=self._published, on_done=self._finish)
+        self._ddp = (model if isinstance(model, torch.nn.Module)
+                     and "DistributedDataParallel" in self.wrappers else None)
+        self.optimizers, self.sample = optimizers, sample
+        self.run = None if steps is not None else WholeRun(
+            self, inner, optimizers, every=every, on_finding=on_finding, halt_on=halt_on)
+        if self.run is None:
+            self.observer = self.new_observer(self.inventory)
+            self.clock = StepClock(self.observer, optimizers, steps=steps, every=every,
+                                   on_step=self._published, on_done=self._finish)
+        else:
+            self.observer = self.run.observer
+            self.clock = RunClock(self.observer, optimizers, plan=self.run.plan,
+                                  on_done=self._finish, first_step=first_step)
         self._diagnosis: Diagnosis | None = None
         self._finished = False
         self._ended = "steps"  # how observing ended: steps, stop, exit, SIGTERM (meta["ended"])
         self._started = time.perf_counter()
-        self.observer.attach()
+        if self.run is None:
+            self.observer.attach()
         try:
             self.clock.start()
         except BaseException:
+            self.clock.stop()
             self.observer.detach()
             raise
         watch_ends.started(self)  # the process's end, however it comes, ends the watch too
 
+    def new_observer(self, inventory) -> Observer:
+        """An observer of `inventory` with this watch's options. Without a process group the
+        loop may earn hookless reads (`EarnedShare`)."""
+        return Observer(inventory, self.optimizers, delta=self.delta, sample=self.sample,
+                        checksums=self.channel is not None, step_ends=True,
+                        loop=LoopFacts(may_earn_shares=self.channel is None))
+
     # ------------------------------------------------------------------ the user's side
+    @property
+    def should_stop(self) -> bool:
+        """Whether a finding at or above `halt_on` has appeared (a whole-run watch)."""
+        return self.run is not None and self.run.should_stop
+
     @property
     def done(self) -> bool:
         """Whether observing has ended (every hook removed, the result judged)."""
@@ -142,15 +178,17 @@ class Watch:
         self.stop()
 
     def __repr__(self) -> str:
-        state = "done" if self._finished else f"watching ({self.clock.observed} of " \
-                                              f"{self.steps} steps observed)"
+        of = "" if self.steps is None else f" of {self.steps}"
+        state = "done" if self._finished else f"watching ({self.clock.observed}{of} steps " \
+                                              f"observed)"
         return f"<diagkit.Watch {len(self.inventory.tensors)} tensors, {state}>"
 
     # ------------------------------------------------------------------ from the hooks
     def _published(self, index: int) -> None:
         """An observed step was recorded: under a process group, publish it for rank 0."""
         if self.channel is not None:
-            table = self.observer.step_table(index)
+            observer = self.observer if self.run is None else self.run.observer
+            table = observer.step_table(index)
             table.insert(0, "rank", self.channel.rank)
             self.channel.publish_step(table)
 
@@ -171,13 +209,16 @@ class Watch:
         """`_finish`'s work: the observations become a `Diagnosis`, saved to `out`."""
         self.clock.stop()
         self.observer.detach()
+        if self.run is not None:
+            self.run.finish()
         failure = None if error is None else StepFailure(
             step=self.clock.count, error=f"diagkit stopped observing: {error[0]}",
             traceback=error[1])
-        meta, rows = self._meta(), self.observer.rows  # with the unregistered tensors found
-        meta["dropped_steps"] = [{"step": i, "why": why} for i, why in self.observer.dropped]
-        # A step a loss scaler skipped ran on into the next one taken (`measure.skips`).
-        meta["skipped_optimizer_steps"] = self.observer.skipped_optimizer_steps
+        meta = self._meta()
+        if self.run is None:
+            meta["dropped_steps"] = [{"step": i, "why": why} for i, why in self.observer.dropped]
+            # A step a loss scaler skipped ran on into the next one taken (`measure.skips`).
+            meta["skipped_optimizer_steps"] = self.observer.skipped_optimizer_steps
         if self.channel is not None:
             self.channel.finish({"failure": failure, "observed": self.clock.observed,
                                  "optimizer_steps": self.clock.count})
@@ -186,17 +227,41 @@ class Watch:
                 return
             steps, failure, ranks = assemble(self.channel, self.timeout, failure)
             meta.update(ranks=ranks, nproc=self.channel.world, backend=self.channel.backend)
+            observation = Observation(self.observer.rows, steps, failure, meta)
+        elif self.run is not None:
+            observation = self.run.observation(failure, meta)
         else:
-            steps = self.observer.steps_table()
+            observation = Observation(self.observer.rows, self.observer.steps_table(), failure,
+                                      meta)
+        run = self.run
         self._release()
-        observation = Observation(rows, steps, failure, meta)
         self._diagnosis = judge_observation(observation, ddp=ddp_facts(self._ddp))
+        if run is not None:
+            self._diagnosis = run.result(self._diagnosis)
         self._save()
+
+    def save_running(self) -> None:
+        """A whole-run watch's diagnosis so far, saved to `out` while the run goes on (what
+        `diagkit report --from` renders of a run still going). Never raises."""
+        if self.out is None or (self.channel is not None and self.channel.rank != 0):
+            return
+        try:
+            observation = self.run.observation(None, {**self._meta(), "ended": "running"})
+            self.run.result(judge_observation(observation, ddp=ddp_facts(self._ddp))
+                            ).save(self.out)
+        except Exception as exc:  # a full disk: said, and the run goes on
+            self.say(f"diagkit: could not save the diagnosis so far to {self.out}: "
+                     f"{type(exc).__name__}: {exc} (the watch goes on)")
+
+    @staticmethod
+    def say(line: str) -> None:
+        """One line on stderr (`watch_ends.report`)."""
+        watch_ends.report(line)
 
     def _release(self) -> None:
         """Drop the observer (its buffers and records go with it) and the process group's store:
         nothing of the watch outlives it."""
-        self.observer = self.clock.obs = None
+        self.observer = self.clock.obs = self.run = None
         self.channel = None
 
     def _meta(self) -> dict:

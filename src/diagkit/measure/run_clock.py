@@ -1,0 +1,66 @@
+"""The step clock of a whole-run watch (`steps=None`): it counts every optimizer step and
+lets the run decide, at the end of each, whether the next one is observed and by which
+observer (README, "The whole run").
+
+Between observed steps only the clock's own step post-hooks stay on the optimizers: the
+observer's hooks (tensor hooks, pre-hooks, the probe's copies) are attached just before a step
+that will be observed, and removed after it, unless the next step is observed by the same
+observer too (its buffers are then kept, as a short watch keeps them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .observer import Observer
+from .step_clock import StepClock
+
+# plan(index, recorded) -> the observer of step index + 1, or None (not observed).
+Plan = Callable[[int, bool], "Observer | None"]
+
+
+class RunClock(StepClock):
+    """A `StepClock` with no end of its own: `plan` picks each next observed step."""
+
+    def __init__(self, observer: Observer, optimizers: list[torch.optim.Optimizer], *,
+                 plan: Plan, on_done: Callable[[tuple[str, str] | None], None],
+                 first_step: int = 0):
+        super().__init__(observer, optimizers, steps=0, every=1, on_step=lambda _i: None,
+                         on_done=on_done)
+        self.plan = plan
+        self.count = first_step
+
+    def start(self) -> None:
+        """Set the step hooks and observe the first step (it begins now)."""
+        for i, opt in enumerate(self.optimizers):
+            self._handles.append((i, opt.register_step_post_hook(self._hook(i))))
+        self.obs.attach()
+        self._open(self.count, consecutive=False)
+
+    def stop(self) -> None:
+        super().stop()
+        if self.obs is not None:
+            self.obs.detach()
+
+    def _tick(self) -> None:
+        """A step ended: record it if observed, let the run plan the next, attach for it."""
+        index, was_observing = self.count, self.observing
+        self.count += 1
+        recorded = False
+        if was_observing:
+            self.observing = False
+            recorded = self.obs.end_step()
+            self.observed += recorded
+        current = self.obs
+        following = self.plan(index, recorded)
+        if following is not current or following is None:
+            current.detach()
+        if following is None:
+            self.obs = current  # kept for `stop()`, detached
+            return
+        if following is not current or not current.attached:
+            following.attach()
+        self.obs = following
+        self._open(self.count, consecutive=following is current and was_observing)

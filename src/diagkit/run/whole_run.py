@@ -1,0 +1,193 @@
+"""A watch over the whole run (`watch(..., steps=None, every=k)`): observe one optimizer step in
+`every`, see each wiring change at the step it happens, judge window by window, and say each
+new problem once, as it appears (README, "The whole run").
+
+How a run is cut:
+- a **burst**: at the start and right after each wiring change (`measure.wiring`), the next
+  `BURST` steps are observed one after another and judged together as one window, so a
+  change's consequence is judged and announced `BURST` steps after it;
+- then **windows** of `WINDOW` observed steps, one step in `every`, each judged as it closes;
+- each window's findings join the timeline (`judge.timeline`): a finding that goes on is one
+  span, a window without it ends it;
+- what is kept of the steps is bounded (`measure.kept_steps`).
+
+Announcing (a new warning or error): one line through `logging.getLogger("diagkit")`, the
+user's `on_finding(finding)`, and `should_stop` when it reaches `halt_on`. With `out`, the
+diagnosis so far is saved atomically after each change's burst and at most every
+`SAVE_SECONDS` otherwise, so a run killed outright keeps everything up to the last save.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from ..core import severity
+from ..core.result import Diagnosis
+from ..judge.findings import sort_findings
+from ..judge.timeline import Timeline, as_finding, onsets
+from ..judge.verdicts import VERDICTS
+from ..measure.inventory import take_inventory
+from ..measure.kept_steps import KeptSteps
+from ..measure.wiring import Wiring
+from .pipeline import Observation, judge_observation
+
+BURST = 4           # steps observed one after another at the start and after each change
+WINDOW = 8          # observed steps judged together otherwise
+SAVE_SECONDS = 120  # the longest a run goes unsaved (with out)
+
+log = logging.getLogger("diagkit")
+
+
+class WholeRun:
+    """The whole-run state of one `Watch`: the wiring, the window being observed, the
+    timeline, the kept steps. `plan` is the `RunClock`'s: called at the end of every step."""
+
+    def __init__(self, watch, model, optimizers, *, every: int, on_finding=None,
+                 halt_on: str | None = None):
+        self.watch, self.model, self.optimizers, self.every = watch, model, optimizers, every
+        self.on_finding, self.halt_on = on_finding, halt_on
+        self.wiring = Wiring(model, optimizers)
+        self.events: list[dict] = []
+        self.dropped: list[dict] = []          # observed steps not judged, and why
+        self.timeline = Timeline()
+        self.kept = KeptSteps()
+        self.rows: dict[str, dict] = {}        # every tensor seen, by name (the latest row)
+        self.verdicts: dict[str, set] = {}     # every verdict each tensor had, by name
+        self.should_stop = False
+        self.inventory = watch.inventory
+        self.observer = watch.new_observer(self.inventory)
+        self.burst_left, self.around = BURST, True
+        self.windows = 0
+        self._saved_at = time.monotonic()
+
+    # ---------------------------------------------------------------- the clock's side
+    def plan(self, index: int, recorded: bool):
+        """Step `index` ended (`recorded`: it was observed): look for a wiring change, close
+        the window when it is due; the observer of step `index + 1`, or None."""
+        if recorded:
+            self.watch._published(index)
+            if self.around:
+                self.burst_left -= 1
+        changes = self.wiring.changes(index)
+        if changes:
+            self._changed(changes, straddled=index if recorded else None)
+        elif recorded and self._window_full():
+            self._close_window()
+        if self.burst_left > 0 or (index + 1) % self.every == 0:
+            return self.observer
+        return None
+
+    def _window_full(self) -> bool:
+        return (self.burst_left <= 0 if self.around
+                else len(self.observer.records) >= WINDOW)
+
+    def _changed(self, changes: list[dict], straddled: int | None) -> None:
+        """A wiring change: judge what came before, take the new wiring, observe a burst.
+        The observed step the change happened in (`straddled`) is dropped: it was measured
+        with the old wiring's facts (who holds what), so judging it would be confidently
+        wrong about the very tensors that changed."""
+        for event in changes:
+            log.info("diagkit: step %d: wiring changed: %s", event["step"], event["what"])
+        self.events += [{k: v for k, v in e.items() if k != "names"} | {"names": e["names"][:8]}
+                        for e in changes]
+        if straddled is not None:
+            self.dropped.append({"step": straddled, "why": "the wiring changed during it"})
+        self._close_window(replace=False, drop=straddled)
+        self.inventory = take_inventory(self.model, self.optimizers)
+        self.observer = self.watch.new_observer(self.inventory)
+        self.burst_left, self.around = BURST, True
+
+    def _close_window(self, replace: bool = True, drop: int | None = None) -> None:
+        """Judge the window's steps (but `drop`) into the timeline, keep some of them,
+        announce what is new; then a fresh observer for the next window (the same wiring)."""
+        observer, around = self.observer, self.around
+        steps = observer.steps_table()
+        if drop is not None:
+            steps = steps[steps["step"] != drop].reset_index(drop=True)
+        if len(steps):
+            self._judge_window(observer.rows, steps, around)
+        self.around = False
+        if replace:
+            self.observer = self.watch.new_observer(self.inventory)
+        if around or time.monotonic() - self._saved_at > SAVE_SECONDS:
+            self.save()
+
+    def _judge_window(self, rows: list[dict], steps, around: bool) -> None:
+        self.windows += 1
+        judged = self.judge(rows, steps)
+        params = judged.params
+        for name, verdicts in zip(params["name"], params["verdicts"]):
+            self.verdicts.setdefault(name, set()).update(v for v in verdicts if v != "ok")
+        self.rows.update((row["name"], row) for row in rows)
+        first, last = int(steps["step"].min()), int(steps["step"].max())
+        open_keys = {s.key for s in self.timeline.spans if s.ended is None}
+        new = {(f.code, f.module) for f in judged.findings if f.code in VERDICTS} - open_keys
+        starts = (onsets(steps, new, lambda one: self.judge(rows, one).findings)
+                  if new and first != last else {})
+        for span in self.timeline.advance(judged.findings, first, last, starts, self.events):
+            self._announce(span)
+        self.kept.add(steps, around_change=around)
+
+    def judge(self, rows: list[dict], steps) -> Diagnosis:
+        return judge_observation(Observation(rows, steps, None, {}))
+
+    # ---------------------------------------------------------------- announcing
+    def _announce(self, span) -> None:
+        f = as_finding(span)
+        if severity.rank(f.severity) < severity.rank("warning"):
+            return
+        fix = f.fix.strip().splitlines()[0] if f.fix.strip() else ""
+        line = (f"diagkit: step {span.since}: {f.code} ({f.severity}) in "
+                f"{f.module or 'the model'} ({f.count} tensor{'s' * (f.count != 1)}): "
+                f"{f.message}" + (f" Fix: {fix}" if fix else ""))
+        log.log(logging.ERROR if f.severity == "error" else logging.WARNING, "%s", line)
+        if self.halt_on is not None and severity.rank(f.severity) >= severity.rank(self.halt_on):
+            self.should_stop = True
+        if self.on_finding is not None:
+            try:
+                self.on_finding(f)
+            except Exception as exc:  # never into the user's loop: said once, then not called
+                self.on_finding = None
+                self.watch.say(f"diagkit: on_finding raised {type(exc).__name__}: {exc}; it "
+                               f"is not called again")
+
+    # ---------------------------------------------------------------- the result
+    def finish(self) -> None:
+        """The watch ends: the window in progress is judged too."""
+        self._close_window(replace=False)
+        self.wiring.release()
+
+    def result(self, base: Diagnosis) -> Diagnosis:
+        """`base` (judged from the kept steps) with the run's verdicts, spans and events."""
+        params = base.params.copy()
+        params["verdicts"] = [tuple(sorted(self.verdicts.get(n, set()) or {"ok"},
+                                           key=_verdict_order))
+                              for n in params["name"]]
+        findings = [f for f in base.findings if f.code not in VERDICTS]
+        meta = {**base.meta, "events": list(self.events), "dropped_steps": list(self.dropped), "kept_steps": self.kept.describe(),
+                "windows": self.windows, "timeline": _records(self.timeline.table()),
+                "steps_observed": self.kept.observed + len(self.dropped)}
+        return dataclasses.replace(base, params=params, meta=meta,
+                                   findings=sort_findings(findings + self.timeline.findings()))
+
+    def observation(self, failure, meta: dict) -> Observation:
+        """What to judge the result from: every tensor seen, the kept steps."""
+        return Observation(list(self.rows.values()) or self.inventory.rows, self.kept.table(),
+                           failure, meta)
+
+    def save(self) -> None:
+        """The diagnosis so far, saved to `out` as the run goes (rank 0)."""
+        self._saved_at = time.monotonic()
+        self.watch.save_running()
+
+
+def _verdict_order(name: str) -> int:
+    order = list(VERDICTS)
+    return order.index(name) if name in order else -1
+
+
+def _records(table) -> list[dict]:
+    return [{k: (None if v != v else v) for k, v in row.items()}  # NaN -> None (JSON)
+            for row in table.astype(object).to_dict("records")]
