@@ -23,6 +23,16 @@ from ..run.gather import distributed
 from ..run.watch import Watch, check_watch_options, watch
 
 
+def alert_metrics(findings) -> dict[str, float]:
+    """What a framework's logger gets of new findings: numbers (TensorBoard drops text), one
+    count per severity and per verdict, under `diagkit/`."""
+    metrics: dict[str, float] = {}
+    for f in findings:
+        for key in (f"diagkit/{f.severity}s", f"diagkit/{f.code}"):
+            metrics[key] = metrics.get(key, 0.0) + 1.0
+    return metrics
+
+
 def require(module: str, user: str, install: str):
     """Import a framework for `user` (a diagkit module), or one line saying how to install it
     (`install`: "diagkit[transformers]", ...)."""
@@ -56,19 +66,42 @@ class Attachment:
     def __init__(self, options: dict):
         self.options = options
         self.watch: Watch | None = None
+        self.alerts: list = []   # new findings of a whole-run watch, for the framework's logger
 
-    def start(self, model, optimizers, *, main_process: bool) -> Watch:
+    def start(self, model, optimizers, *, main_process: bool, first_step: int = 0) -> Watch:
         """Watch `model` under `optimizers`. Only the main process writes `out`: under a process
         group watch itself leaves it to rank 0 (every rank must still watch, to be gathered);
-        without one (several processes that share no group) the others get no `out`."""
+        without one (several processes that share no group) the others get no `out`.
+        `first_step`: the trainer's global step (a resumed run goes on counting from it)."""
         self.stop()
         if optimizers is None or (isinstance(optimizers, (list, tuple)) and not optimizers):
             raise DiagkitError("the trainer has no optimizer yet: nothing to watch")
-        options = dict(self.options)
+        params = inspect.signature(watch).parameters
+        options = {name: self.options.get(name, p.default) for name, p in params.items()
+                   if p.kind is p.KEYWORD_ONLY}
         if not main_process and not distributed():
             options["out"] = None
-        self.watch = watch(model, optimizers, **options)
+        users = options["on_finding"]
+        options["on_finding"] = lambda finding: self._alert(finding, users)
+        self.alerts = []
+        self.watch = Watch(model, optimizers, **options, first_step=first_step)
         return self.watch
+
+    def _alert(self, finding, users) -> None:
+        """A new finding: kept for the callback to log at its next event, then the user's."""
+        self.alerts.append(finding)
+        if users is not None:
+            users(finding)
+
+    def take_alerts(self) -> list:
+        """The findings announced since the last call (for the framework's logger)."""
+        taken, self.alerts = self.alerts, []
+        return taken
+
+    @property
+    def should_stop(self) -> bool:
+        """`halt_on` was reached: the callback stops training cleanly."""
+        return self.watch is not None and not self.watch.done and self.watch.should_stop
 
     def stop(self) -> None:
         """End the watch (judge and save what it saw); nothing if none runs."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import warnings
 
-from . import Watching, require
+from . import Watching, alert_metrics, require
 
 
 def callback_class(package: str, module: str, install: str) -> type:
@@ -43,7 +43,24 @@ def callback_class(package: str, module: str, install: str) -> type:
                               f"{theirs}'s; import it from diagkit.integrations.{theirs}",
                               stacklevel=2)
             self._run.start(pl_module, list(trainer.optimizers),
-                            main_process=trainer.is_global_zero)
+                            main_process=trainer.is_global_zero, first_step=trainer.global_step)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            """A whole-run watch's new findings reach `trainer.logger` and the progress bar,
+            as counts; `halt_on` stops training cleanly (`trainer.should_stop`)."""
+            alerts = self._run.take_alerts()
+            if alerts:
+                metrics = alert_metrics(alerts)
+                try:
+                    if trainer.logger is not None:
+                        trainer.logger.log_metrics(metrics, step=trainer.global_step)
+                    for key, value in metrics.items():
+                        pl_module.log(key, value, prog_bar=key.endswith("s"), logger=False,
+                                      reduce_fx="max")
+                except Exception:  # Lightning's loggers are theirs: never into its loop
+                    pass
+            if self._run.should_stop:
+                trainer.should_stop = True
 
         def on_train_end(self, trainer, pl_module):
             self._run.stop()

@@ -17,7 +17,9 @@ cleared too.
 
 from __future__ import annotations
 
-from . import Watching, require
+import sys
+
+from . import Watching, alert_metrics, require
 
 require("transformers", __name__, "diagkit[transformers]")
 
@@ -38,7 +40,35 @@ class DiagkitCallback(TrainerCallback, Watching):
         self._start_watching(watch_options)
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
-        self._run.start(model, optimizer, main_process=state.is_world_process_zero)
+        self._trainer = _calling_trainer()
+        self._run.start(model, optimizer, main_process=state.is_world_process_zero,
+                        first_step=state.global_step)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        """A whole-run watch's new findings reach `Trainer.log` (TensorBoard, W&B, MLflow:
+        whatever `report_to` names), as counts; `halt_on` stops training cleanly."""
+        alerts = self._run.take_alerts()
+        if alerts and self._trainer is not None and state.is_world_process_zero:
+            try:
+                self._trainer.log(alert_metrics(alerts))
+            except Exception:  # the Trainer's loggers are theirs: never into its loop
+                pass
+        if self._run.should_stop:
+            control.should_training_stop = True
 
     def on_train_end(self, args, state, control, **kwargs):
         self._run.stop()
+
+
+def _calling_trainer():
+    """The `Trainer` whose event this is. HF hands callbacks no trainer, only its parts, and
+    `Trainer.log` is the one door to every logger `report_to` names: the trainer is the
+    `self` of a frame above (its training loop calling the event). None if not found."""
+    from transformers import Trainer
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Trainer):
+            return candidate
+        frame = frame.f_back
+    return None
