@@ -16,6 +16,7 @@ removed with `del` sends no hook: it is seen at the next walk, when anything els
 
 from __future__ import annotations
 
+import hashlib
 import operator
 
 import torch
@@ -38,6 +39,7 @@ class Wiring:
         self._walk()
         self._groups = self._group_facts()
         self._flags = tuple(map(_requires_grad, self._tensors))
+        self._digest: int | None = None
 
     def _registered(self, *_args):
         """Some module registered a parameter or a submodule: walk the model at the next ask."""
@@ -64,6 +66,17 @@ class Wiring:
         return tuple(tuple((tuple(map(id, g["params"])), _lr_is_zero(g)) for g in o.param_groups)
                      for o in self.optimizers)
 
+    def digest(self) -> int:
+        """The wiring as a number equal on two processes wired alike: names, flags, and group
+        members by their position among the model's tensors (ids differ across processes)."""
+        if self._digest is None:
+            position = {i: k for k, i in enumerate(self._ids)}
+            groups = tuple(tuple((tuple(position.get(m, -1) for m in members), zero)
+                                 for members, zero in opt) for opt in self._groups)
+            said = repr((self._names, self._flags, groups)).encode()
+            self._digest = int.from_bytes(hashlib.blake2b(said, digest_size=7).digest(), "big")
+        return self._digest
+
     def changes(self, step: int) -> list[dict]:
         """What changed since the last call, as events at `step` (empty: nothing)."""
         events = []
@@ -82,6 +95,8 @@ class Wiring:
         if groups != self._groups:
             events += _group_events(step, self._groups, groups)
             self._groups = groups
+        if events:
+            self._digest = None
         return events
 
 

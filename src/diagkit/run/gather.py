@@ -35,6 +35,7 @@ class RankChannel:
         self.prefix = f"diagkit/watch{_SERIAL['n']}"
         _SERIAL["n"] += 1
         self.published = 0
+        self.taken = [0] * self.world  # per rank, the steps rank 0 has taken (and freed)
 
     def _key(self, rank: int, what: str) -> str:
         return f"{self.prefix}/r{rank}/{what}"
@@ -44,6 +45,21 @@ class RankChannel:
         self.store.set(self._key(self.rank, f"step{self.published}"), pickle.dumps(table))
         self.published += 1
         self.store.add(self._key(self.rank, "ready"), 1)  # counted only once the step is there
+
+    def take_steps(self, rank: int) -> list[pd.DataFrame]:
+        """(Rank 0, a whole-run watch) rank `rank`'s steps published since the last take; what
+        was read is freed, so the store does not grow with the run."""
+        ready = self.store.add(self._key(rank, "ready"), 0)
+        tables = []
+        for i in range(self.taken[rank], ready):
+            key = self._key(rank, f"step{i}")
+            tables.append(pickle.loads(self.store.get(key)))
+            try:
+                self.store.delete_key(key)
+            except Exception:  # a store without delete: kept, as before
+                pass
+        self.taken[rank] = max(self.taken[rank], ready)
+        return tables
 
     def finish(self, status: dict) -> None:
         """This rank is done observing: `status` says how it ended."""
@@ -63,7 +79,7 @@ class RankChannel:
         for r in range(self.world):
             ready = self.store.add(self._key(r, "ready"), 0)
             tables += [pickle.loads(self.store.get(self._key(r, f"step{i}")))
-                       for i in range(ready)]
+                       for i in range(self.taken[r], ready)]
             statuses[r] = (pickle.loads(self.store.get(self._key(r, "status")))
                            if r not in pending else None)
         return tables, statuses
@@ -72,7 +88,7 @@ class RankChannel:
         """Free the keys rank 0 has read (the store lives as long as the job)."""
         for r in range(self.world):
             steps = self.store.add(self._key(r, "ready"), 0)
-            for what in ["ready", "status", *(f"step{i}" for i in range(steps))]:
+            for what in ["ready", "status", *(f"step{i}" for i in range(self.taken[r], steps))]:
                 try:
                     self.store.delete_key(self._key(r, what))
                 except Exception:  # a store without delete (e.g. FileStore on some torch)

@@ -103,6 +103,10 @@ class Watch:
             raise DiagkitError("the model has no parameters and the optimizers hold none: "
                                "nothing to watch")
         self.channel = RankChannel() if distributed() else None
+        if halt_on is not None and self.channel is not None:
+            raise DiagkitError("halt_on cannot be used under a process group: a rank that "
+                               "stops training alone leaves the others waiting in their "
+                               "collectives (README, \"The whole run\")")
         self.timeout, self.delta, self.every, self.steps = timeout, delta, every, steps
         self._ddp = (model if isinstance(model, torch.nn.Module)
                      and "DistributedDataParallel" in self.wrappers else None)
@@ -190,6 +194,8 @@ class Watch:
             observer = self.observer if self.run is None else self.run.observer
             table = observer.step_table(index)
             table.insert(0, "rank", self.channel.rank)
+            if self.run is not None:  # compared across ranks by rank 0 (`whole_run.Ranks`)
+                table.attrs["wiring"] = self.run.wiring.digest()
             self.channel.publish_step(table)
 
     def _finish(self, error: tuple[str, str] | None) -> None:
@@ -227,7 +233,8 @@ class Watch:
                 return
             steps, failure, ranks = assemble(self.channel, self.timeout, failure)
             meta.update(ranks=ranks, nproc=self.channel.world, backend=self.channel.backend)
-            observation = Observation(self.observer.rows, steps, failure, meta)
+            observation = (Observation(self.observer.rows, steps, failure, meta)
+                           if self.run is None else self.run.observation(failure, meta))
         elif self.run is not None:
             observation = self.run.observation(failure, meta)
         else:

@@ -32,6 +32,7 @@ from ..measure.inventory import take_inventory
 from ..measure.kept_steps import KeptSteps
 from ..measure.wiring import Wiring
 from .pipeline import Observation, judge_observation
+from .whole_run_ranks import RankJoin
 
 BURST = 4           # steps observed one after another at the start and after each change
 WINDOW = 8          # observed steps judged together otherwise
@@ -60,6 +61,9 @@ class WholeRun:
         self.observer = watch.new_observer(self.inventory)
         self.burst_left, self.around = BURST, True
         self.windows = 0
+        channel = watch.channel
+        self.ranks = RankJoin(channel) if channel is not None and channel.rank == 0 else None
+        self.judging = channel is None or channel.rank == 0  # the other ranks only publish
         self._saved_at = time.monotonic()
 
     # ---------------------------------------------------------------- the clock's side
@@ -67,6 +71,8 @@ class WholeRun:
         """Step `index` ended (`recorded`: it was observed): look for a wiring change, close
         the window when it is due; the observer of step `index + 1`, or None."""
         if recorded:
+            if self.ranks is not None:
+                self.ranks.recorded(index, self.wiring.digest())
             self.watch._published(index)
             if self.around:
                 self.burst_left -= 1
@@ -103,15 +109,17 @@ class WholeRun:
         """Judge the window's steps (but `drop`) into the timeline, keep some of them,
         announce what is new; then a fresh observer for the next window (the same wiring)."""
         observer, around = self.observer, self.around
-        steps = observer.steps_table()
-        if drop is not None:
+        steps = observer.steps_table() if self.judging else ()
+        if drop is not None and len(steps):
             steps = steps[steps["step"] != drop].reset_index(drop=True)
         if len(steps):
+            if self.ranks is not None:
+                steps = self._joined(steps)
             self._judge_window(observer.rows, steps, around)
         self.around = False
         if replace:
             self.observer = self.watch.new_observer(self.inventory)
-        if around or time.monotonic() - self._saved_at > SAVE_SECONDS:
+        if self.judging and (around or time.monotonic() - self._saved_at > SAVE_SECONDS):
             self.save()
 
     def _judge_window(self, rows: list[dict], steps, around: bool) -> None:
@@ -130,18 +138,31 @@ class WholeRun:
             self._announce(span)
         self.kept.add(steps, around_change=around)
 
+    def _joined(self, steps):
+        """Every rank's rows of the window; a rank wired differently is announced once."""
+        known = self.ranks.mismatch
+        joined = self.ranks.join(steps)
+        if known is None and self.ranks.mismatch is not None:
+            self._say(self.ranks.mismatch, self.ranks.mismatch.since)
+        return joined
+
     def judge(self, rows: list[dict], steps) -> Diagnosis:
         return judge_observation(Observation(rows, steps, None, {}))
 
     # ---------------------------------------------------------------- announcing
     def _announce(self, span) -> None:
-        f = as_finding(span)
+        self._say(as_finding(span), span.since)
+
+    def _say(self, f, since: int) -> None:
+        """A new finding: one log line, `halt_on`, the user's `on_finding` (warnings and
+        errors only)."""
         if severity.rank(f.severity) < severity.rank("warning"):
             return
         fix = f.fix.strip().splitlines()[0] if f.fix.strip() else ""
-        line = (f"diagkit: step {span.since}: {f.code} ({f.severity}) in "
-                f"{f.module or 'the model'} ({f.count} tensor{'s' * (f.count != 1)}): "
-                f"{f.message}" + (f" Fix: {fix}" if fix else ""))
+        where = (f" in {f.module or 'the model'} ({f.count} tensor{'s' * (f.count != 1)})"
+                 if f.count else "")
+        line = (f"diagkit: step {since}: {f.code} ({f.severity}){where}: {f.message}"
+                + (f" Fix: {fix}" if fix else ""))
         log.log(logging.ERROR if f.severity == "error" else logging.WARNING, "%s", line)
         if self.halt_on is not None and severity.rank(f.severity) >= severity.rank(self.halt_on):
             self.should_stop = True
@@ -166,6 +187,8 @@ class WholeRun:
                                            key=_verdict_order))
                               for n in params["name"]]
         findings = [f for f in base.findings if f.code not in VERDICTS]
+        if self.ranks is not None and self.ranks.mismatch is not None:
+            findings.append(self.ranks.mismatch)
         meta = {**base.meta, "events": list(self.events), "dropped_steps": list(self.dropped), "kept_steps": self.kept.describe(),
                 "windows": self.windows, "timeline": _records(self.timeline.table()),
                 "steps_observed": self.kept.observed + len(self.dropped)}
