@@ -19,6 +19,9 @@ Prints a table with each measured ratio beside its goal and writes everything to
      model's plain step (benchmarks/fsdp_time.py).
   H. `import diagkit` over `import torch`, in the same fresh process (medians over a few
      processes), which heavy modules it loaded, and the first use of `diagkit.watch`.
+  I. the whole-run watch (`steps=None, every=100`): the whole block's time against plain,
+     its unobserved steps, the wiring check per step on 500 and 5,000 tensors, and peak RSS
+     over a long run of a tiny model (benchmarks/whole_run_time.py).
   E. with --device cuda: the ~350M-parameter GPT on the GPU (step ratio per delta mode, host
      syncs and device bytes allocated per observed step, peak device memory per mode).
 
@@ -61,6 +64,7 @@ GOALS = {
     "memory_constant_mb": 64.0,           # what "a small constant" is taken to be here
     "report_seconds": 30.0,
     "import_seconds_over_torch": 1.0,   # import diagkit, after import torch
+    "whole_run_ratio": 1.01,            # steps=None, every=100, over the run
 }
 HEAVY = ("pandas", "pyarrow", "matplotlib", "ipywidgets", "papermill", "torch.distributed.tensor")
 
@@ -74,6 +78,8 @@ SIZES = {
         "report": dict(tensors=2000, steps=200),
         "stride": dict(tensors=2000, steps=1000, every=100, full_steps=20),
         "import_runs": 5,
+        "whole": {"gpt": (1, 200), "small": (3, 400), "every": 100, "check": (500, 5000),
+                  "long_steps": 200_000},
     },
     "quick": {
         "gpt": dict(layers=2, d=64, heads=4, vocab=500, batch=4, ctx=16),
@@ -83,6 +89,8 @@ SIZES = {
         "report": dict(tensors=200, steps=20),
         "stride": dict(tensors=200, steps=100, every=10, full_steps=5),
         "import_runs": 2,
+        "whole": {"gpt": (1, 30), "small": (1, 40), "every": 10, "check": (50, 500),
+                  "long_steps": 2_000},
     },
     "cuda": {
         "gpt_large": dict(layers=24, d=1024, heads=16, vocab=32000, batch=8, ctx=256),
@@ -688,7 +696,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the observed step")
     ap.add_argument("--out", default="out/bench.json", help="JSON output path")
     ap.add_argument("--skip", action="append", default=[],
-                    choices=["time", "watch", "fsdp", "memory", "report", "stride", "import"])
+                    choices=["time", "watch", "fsdp", "memory", "report", "stride", "import",
+                             "whole"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: the ~350M-parameter GPT variant on the GPU (time and memory)")
     ap.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
@@ -802,6 +811,8 @@ def main(argv=None) -> int:
                           else "-"))
     if "import" not in args.skip:
         lines += _import_lines(sz, result)
+    if "whole" not in args.skip:
+        lines += _whole_run_lines(sz, result)
     result["wall_s"] = time.perf_counter() - started
     _print_and_save(result, lines, out_path, args.profile)
     return 0
@@ -822,6 +833,22 @@ def _import_lines(sz: dict, result: dict) -> list[tuple]:
             ("  first use of diagkit.watch, after the first optimizer was built",
              f"{imp['watch_first_use_s']:.2f} s (the observing code, pandas; the "
              f"optimizer itself {imp['first_optimizer_s']:.2f} s)", "-", "-")]
+
+
+def _whole_run_lines(sz: dict, result: dict) -> list[tuple]:
+    """Section I: the whole-run watch (kept in `result["whole_run"]`)."""
+    from whole_run_time import (long_run_memory, time_change_check, time_whole_run,
+                                whole_run_lines)
+    cfg, r = sz["whole"], {"time": {}}
+    for kind in ("gpt", "small"):
+        print(f"[whole] {kind} ...", file=sys.stderr, flush=True)
+        rounds, n = cfg[kind]
+        r["time"][kind] = time_whole_run(build, kind, sz[kind], rounds, n, cfg["every"])
+    r["check"] = [time_change_check(t) for t in cfg["check"]]
+    print("[whole] long run ...", file=sys.stderr, flush=True)
+    r["memory"] = long_run_memory(cfg["long_steps"])
+    result["whole_run"] = r
+    return whole_run_lines(r, GOALS["whole_run_ratio"])
 
 
 def _step_lines(kind: str, r: dict, goal: float | None) -> list[tuple]:
@@ -875,6 +902,8 @@ def main_cuda(args) -> int:
                       _mark(extra, m["param_bytes"] + GOALS["memory_constant_mb"] * 2**20)))
     if "import" not in args.skip:
         lines += _import_lines(sz, result)
+    if "whole" not in args.skip:
+        lines += _whole_run_lines(sz, result)
     result["wall_s"] = time.perf_counter() - started
     _print_and_save(result, lines, out_path, args.profile)
     return 0
