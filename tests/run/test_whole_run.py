@@ -196,3 +196,25 @@ def test_a_dict_of_modules_is_named_by_key():
     assert {f.module for f in by_code(diag, "orphan")} == {"decoder.fc1"}
     with pytest.raises(DiagkitError, match="needs identifier keys"):
         diagkit.watch({"a b": enc}, enc_opt)
+
+
+def test_the_report_pieces_and_the_explorer_show_the_timeline():
+    from diagkit.present import timeline
+    from diagkit.present.explorer import explore
+    model, opt = frozen_fc1()
+    w = diagkit.watch(model, opt, steps=None, every=10)
+    train(model, opt, 60, at={30: unfreeze})
+    diag = w.stop()
+    spans = timeline.timeline_table(diag)
+    assert list(spans["code"]) == ["orphan", "grad_not_cleared"] and list(spans["since"]) == [31, 31]
+    fig = timeline.timeline_figure(spans, diag.meta["events"], diag.meta["optimizer_steps"])
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["orphan: fc1", "grad_not_cleared: fc1"]
+    assert [line.get_xdata()[0] for line in ax.lines] == [30]  # the change, marked
+    assert [round(p.get_x()) for p in ax.patches] == [31, 31]  # each bar from its first step
+    html = timeline.events_html(diag.meta["events"])
+    assert "step 30: fc1.weight, fc1.bias became trainable" in html
+    assert hasattr(explore(diag).controls, "timeline")
+    plain = diagkit.watch(model, opt, steps=2)
+    train(model, opt, 2)
+    assert not hasattr(explore(plain.diagnosis).controls, "timeline")

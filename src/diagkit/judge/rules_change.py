@@ -11,7 +11,8 @@ from .wording import subject
 
 @verdict("frozen_in_optimizer", "warning",
          ('An optimizer holds it although `requires_grad` is False (at the last step): '
-          'momentum or weight decay can still move it, and its state costs memory.'))
+          'momentum or weight decay can still move it, and its state costs memory.'),
+         membership=True)
 def frozen_in_optimizer(params, steps):
     return in_optimizer(params) & ~params["requires_grad"].astype(bool)
 
@@ -49,7 +50,7 @@ def _explain_frozen_but_changing(label, group, steps):
           ' changes (a learning rate of 0, an optimizer that never steps, a tensor kept in'
           ' bf16/fp16 whose updates round away: the finding says which). Steps its optimizer'
           ' skipped do not count.'),
-         needs="values")
+         needs="values", membership=True)
 def stalled(params, steps):
     """A step its optimizer skipped is not a change that failed to happen: only taken steps
     count. An optimizer that skipped every step still never steps, unless it skipped because

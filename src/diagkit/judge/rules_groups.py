@@ -10,7 +10,7 @@ from .wording import subject
 
 @verdict("decay_on_norm_or_bias", "info",
          ('Weight decay > 0 on a bias (name ends in `bias`) or on a weight of a '
-          'normalization module (class name contains `Norm`).'))
+          'normalization module (class name contains `Norm`).'), membership=True)
 def decay_on_norm_or_bias(params, steps):
     is_bias = params["name"].str.endswith("bias")
     is_norm = params["module_type"].fillna("").str.contains("Norm", regex=False)
@@ -30,7 +30,7 @@ def _explain_decay(label, group, steps):
 
 
 @verdict("in_multiple_optimizers", "error",
-         ('More than one optimizer holds it: it is stepped twice per step.'))
+         ('More than one optimizer holds it: it is stepped twice per step.'), membership=True)
 def in_multiple_optimizers(params, steps):
     return params["n_optimizers"] > 1
 
@@ -47,7 +47,7 @@ def _explain_multiple(label, group, steps):
 @verdict("not_in_model", "warning",
          ('An optimizer holds it but the model does not (a stale head, a tensor passed as a'
           " forward argument): `model.zero_grad()`, `state_dict()` and DDP's gradient sync "
-          'all miss it.'))
+          'all miss it.'), membership=True)
 def not_in_model(params, steps):
     return in_optimizer(params) & ~params["in_model"].astype(bool)
 

@@ -13,7 +13,7 @@ from .wording import accessor, iter_expr, params_expr, subject, trend
           ' so it never changes. `optimizer.zero_grad()` does not clear its `.grad` either: '
           'unless something else does (`model.zero_grad()`), it keeps growing. '
           'Typical cause: a name filter such as `not n.startswith("module.metamodel")` — '
-          'under DDP every name starts with `module.`.'))
+          'under DDP every name starts with `module.`.'), membership=True)
 def orphan(params, steps):
     used_while_rg = rg_used_counts(params, steps)[1]  # outside the model: `unregistered`
     return (used_while_rg > 0) & ~in_optimizer(params) & params["in_model"].astype(bool)

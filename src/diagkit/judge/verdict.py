@@ -43,6 +43,9 @@ class Verdict:
     per_rank: bool = False
     explain: Explain | None = None
     needs: str | None = None
+    # It speaks of optimizer membership: with no optimizer at all (a hand-written update,
+    # `watch(model)`) it means nothing, and is not judged.
+    membership: bool = False
 
     def __post_init__(self):
         if self.severity not in _severity.LEVELS:
@@ -65,10 +68,11 @@ class Verdict:
 
 
 def verdict(name: str, severity: str, meaning: str, per_rank: bool = False,
-            needs: str | None = None):
+            needs: str | None = None, membership: bool = False):
     """Decorator: register `rule` as the verdict `name`; returns the `Verdict` (callable)."""
     def register(rule: Rule) -> Verdict:
-        REGISTRY[name] = v = Verdict(name, severity, meaning, rule, per_rank, needs=needs)
+        REGISTRY[name] = v = Verdict(name, severity, meaning, rule, per_rank, needs=needs,
+                                     membership=membership)
         return v
     return register
 

@@ -45,21 +45,28 @@ def bytes_per_verdict(params: pd.DataFrame) -> dict[str, tuple[int, int]]:
     return {v: (counts[v][0], counts[v][1]) for v in order}
 
 
+def not_judged_without_optimizer() -> dict[str, str]:
+    """The verdicts a run with no optimizer does not judge (they speak of membership)."""
+    return {name: "no optimizer" for name, v in VERDICTS.items() if v.membership}
+
+
 def not_measured_on_meta() -> dict[str, str]:
     """The verdicts a dry run on the meta device cannot decide, each with why (its rule's
     `needs`, declared next to the rule): reported as not measured, never guessed."""
     return {name: NEEDS[v.needs] for name, v in VERDICTS.items() if not v.on_meta}
 
 
-def judge(params: pd.DataFrame, steps: pd.DataFrame, *, meta: bool = False
-          ) -> tuple[pd.Series, list[tuple[str, str]]]:
+def judge(params: pd.DataFrame, steps: pd.DataFrame, *, meta: bool = False,
+          optimizers: bool = True) -> tuple[pd.Series, list[tuple[str, str]]]:
     """Every verdict for every tensor, plus (verdict, error) for rules that crashed. `meta`:
-    a dry run on the meta device, where only the rules that need no values run."""
+    a dry run on the meta device, where only the rules that need no values run;
+    `optimizers=False`: no optimizer at all (hand-written updates), where the membership
+    verdicts mean nothing and are not judged."""
     hits: dict[str, pd.Series] = {}
     errors: list[tuple[str, str]] = []
     per_step = fold_ranks(steps)
     for name, v in VERDICTS.items():
-        if meta and not v.on_meta:
+        if (meta and not v.on_meta) or (v.membership and not optimizers):
             continue
         try:
             result = v.rule(params, steps if v.per_rank else per_step)

@@ -140,6 +140,13 @@ class Observer:
         self.state.release()
         self.unregistered.abort()
 
+    def forget_recorded(self) -> None:
+        """Forget every step recorded so far (a loop that said afterwards where its steps
+        end: `measure.step_clock.StepClock.step`)."""
+        self.records = StepRecords(self.inv.names, self.checksums)
+        self.losses, self.dropped, self.skipped_optimizer_steps = [], [], 0
+        self.unregistered.records = []
+
     def end_step(self, loss=None) -> bool:
         """Record the step: read what no optimizer read, then one read-back for everything.
         False: the step could not be attributed and is not recorded (`dropped`)."""

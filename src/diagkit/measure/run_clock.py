@@ -30,12 +30,11 @@ class RunClock(StepClock):
         super().__init__(observer, optimizers, steps=0, every=1, on_step=lambda _i: None,
                          on_done=on_done)
         self.plan = plan
-        self.count = first_step
+        self.count = self.first = first_step
 
     def start(self) -> None:
         """Set the step hooks and observe the first step (it begins now)."""
-        for i, opt in enumerate(self.optimizers):
-            self._handles.append((i, opt.register_step_post_hook(self._hook(i))))
+        self._set_hooks()
         self.obs.attach()
         self._open(self.count, consecutive=False)
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from .backward_ticks import BackwardTicks
 from .observer import Observer
 
 
@@ -33,18 +34,43 @@ class StepClock:
         self.obs, self.optimizers = observer, optimizers
         self.steps, self.every = steps, every
         self.on_step, self.on_done = on_step, on_done
-        self.count = 0          # optimizer steps completed since the clock started
+        self.count = self.first = 0  # optimizer steps completed since the clock started
         self.observed = 0       # of them, observed
         self.observing = False  # the observer's step is open
         self._stepped: set[int] = set()
         self._handles: list[tuple[int, object]] = []  # (optimizer, handle)
         self._in_hook: int | None = None  # the optimizer whose post-hook is running
+        self.ticks: BackwardTicks | None = None  # with no optimizer: steps end at backward ends
 
     def start(self) -> None:
         """Set the step hooks and open step 0 (it begins now)."""
+        self._set_hooks()
+        self._open(0, consecutive=False)
+
+    def _set_hooks(self) -> None:
+        """The optimizers' post-hooks; with no optimizer, the ends of backward
+        (`measure.backward_ticks`)."""
         for i, opt in enumerate(self.optimizers):
             self._handles.append((i, opt.register_step_post_hook(self._hook(i))))
-        self._open(0, consecutive=False)
+        if not self.optimizers:
+            self.ticks = BackwardTicks(self.obs.tensors, self._hook(None))
+            self.ticks.attach()
+
+    def step(self) -> None:
+        """An explicit end of step (`watch.step()`, with no optimizer). The first call starts
+        the count again: the steps told by backward ends until then were cut where the loop
+        does not cut its steps (a micro-batch's backward), so they are forgotten; from then on
+        the loop's own calls are the steps."""
+        if not self.ticks.explicit:
+            self.ticks.explicit = True
+            if self.observing:
+                self.obs.abort_step()
+            self.obs.forget_recorded()
+            self.count = self.first
+            self.observed = 0
+            self._open(self.count, consecutive=False)
+            return
+        self._hook(None)()
 
     def stop(self) -> None:
         """Remove the hooks; a step still open is dropped (it never finished).
@@ -63,6 +89,8 @@ class StepClock:
             else:
                 handle.remove()
         self._handles = keep
+        if self.ticks is not None:
+            self.ticks.detach()
         if self.observing:
             self.observing = False
             self.obs.abort_step()
@@ -84,8 +112,12 @@ class StepClock:
                 self._in_hook = None
         return hook
 
-    def _stepped_once(self, i: int) -> None:
-        """Optimizer `i` stepped: tell the observer; a step ends once every optimizer did."""
+    def _stepped_once(self, i: int | None) -> None:
+        """Optimizer `i` stepped: tell the observer; a step ends once every optimizer did.
+        (None: no optimizer, a backward or `step()` ended the step.)"""
+        if i is None:
+            self._tick()
+            return
         if self.observing:
             self.obs.step_ended(i)
         self._stepped.add(i)

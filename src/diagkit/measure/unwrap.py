@@ -57,11 +57,12 @@ def _modules_by_key(models: dict) -> tuple[torch.nn.Module, list[str]]:
 
 
 def unwrap_optimizers(optimizer_or_list) -> list[torch.optim.Optimizer]:
-    """The torch optimizers under what was passed: one, or a list/tuple of them."""
+    """The torch optimizers under what was passed: one, or a list/tuple of them; None (or an
+    empty list) for a loop that updates its tensors by hand."""
+    if optimizer_or_list is None:
+        return []
     items = (list(optimizer_or_list) if isinstance(optimizer_or_list, (list, tuple))
              else [optimizer_or_list])
-    if not items:
-        raise DiagkitError("watch needs at least one optimizer")
     found = []
     for item in items:
         opt = _innermost(item)

@@ -24,13 +24,17 @@ from .explorer_state import MAX_OPTIONS, METRICS, ExplorerState
 class Explorer(widgets.VBox):
     """The ipywidgets front of an `ExplorerState`: `state`, `controls`, `refresh()`."""
 
-    def __init__(self, state: ExplorerState, **kwargs):
+    def __init__(self, state: ExplorerState, timeline: Figure | None = None, **kwargs):
         super().__init__(**kwargs)
         self.state = state
         self._syncing = False
         self._plot_key = None
         c = self.controls = _controls(state)
         self.children = _arrange(c)
+        if timeline is not None:  # a whole-run watch: its findings over the run, on top
+            c.timeline = widgets.Image(value=_figure_png(timeline), format="png",
+                                       layout=widgets.Layout(width="auto", max_width="100%"))
+            self.children = [c.timeline, *self.children]
         self.add_class("diagkit-explorer")
         for name, control in vars(c).items():
             control.add_class(f"diagkit-explorer-{name}")
@@ -128,7 +132,17 @@ def explore(diag, top: int = 6) -> Explorer:
     """An interactive explorer of a `Diagnosis` (or anything with .params and .steps, or an
     `ExplorerState`). The returned widget exposes `.state` and `.controls`."""
     state = diag if isinstance(diag, ExplorerState) else ExplorerState.from_diagnosis(diag, top)
-    return Explorer(state)
+    return Explorer(state, timeline=_timeline(diag))
+
+
+def _timeline(diag) -> Figure | None:
+    """The timeline figure of a whole-run watch (`present.timeline`); None for any other run."""
+    meta = getattr(diag, "meta", None) or {}
+    if not meta.get("timeline") and not meta.get("events"):
+        return None
+    from .timeline import timeline_figure, timeline_table
+    return timeline_figure(timeline_table(diag), meta.get("events", []),
+                           meta.get("optimizer_steps"))
 
 
 def _figure_png(fig: Figure, dpi: int = 96) -> bytes:

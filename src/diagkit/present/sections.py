@@ -71,6 +71,10 @@ def _not_measured_html(diag) -> str:
 def not_measured_line(diag) -> str:
     """'Dry run on meta: ... not measured on meta: stalled (needs values), ...' ('' for a
     real run): the one wording of it, for the terminal and the report."""
+    unjudged = (diag.meta or {}).get("not_judged")
+    if unjudged:
+        return ("No optimizer (hand-written updates): membership verdicts mean nothing and are "
+                f"not judged: {', '.join(unjudged)}.")
     skipped = (diag.meta or {}).get("not_measured")
     if not skipped:
         return ""

@@ -17,7 +17,7 @@ from ..core.result import Diagnosis, LoadReport, StepFailure
 from ..judge.advice import build_advice
 from ..judge.checkpoint_audit import audit, audit_finding, load_findings
 from ..judge.findings import build_findings
-from ..judge.verdicts import judge, not_measured_on_meta
+from ..judge.verdicts import judge, not_judged_without_optimizer, not_measured_on_meta
 from ..measure.aggregate import build_params
 from ..measure.inventory import take_inventory
 from ..measure.observer import Observer
@@ -122,8 +122,9 @@ def judge_observation(obs: Observation, *, checkpoint: LoadReport | None = None,
     result); `ddp`, `cost`: what a distributed run learnt about DDP (see `build_advice`).
     """
     on_meta = obs.meta.get("device") == "meta"
+    held = obs.meta.get("optimizers") != 0  # 0: a watch of hand-written updates
     params = build_params(obs.rows, obs.steps)
-    params["verdicts"], check_errors = judge(params, obs.steps, meta=on_meta)
+    params["verdicts"], check_errors = judge(params, obs.steps, meta=on_meta, optimizers=held)
     if on_meta:
         params = _values_not_measured(params)
     report, extra = None, []
@@ -140,5 +141,6 @@ def judge_observation(obs: Observation, *, checkpoint: LoadReport | None = None,
                                 context={"wrappers": obs.meta.get("wrappers"), "ddp": ddp}),
         advice=build_advice(params, obs.steps, ddp=ddp, cost=cost), failure=obs.failure,
         meta={**obs.meta, "steps_observed": observed,
-              **({"not_measured": not_measured_on_meta()} if on_meta else {})},
+              **({"not_measured": not_measured_on_meta()} if on_meta else {}),
+              **({"not_judged": not_judged_without_optimizer()} if not held else {})},
         checkpoint=report)

@@ -38,7 +38,7 @@ from .watch_ranks import assemble
 from .whole_run import WholeRun
 
 
-def watch(model, optimizer_or_list, *, steps: int | None = DEFAULTS["watch_steps"],
+def watch(model, optimizer_or_list=None, *, steps: int | None = DEFAULTS["watch_steps"],
           every: int = DEFAULTS["every"], delta: str = DEFAULTS["delta"],
           sample: int = DEFAULTS["sample"], out=None, report: bool = False,
           timeout: float = DEFAULTS["timeout"], on_finding=None,
@@ -46,6 +46,8 @@ def watch(model, optimizer_or_list, *, steps: int | None = DEFAULTS["watch_steps
     """Observe the next `steps` observed optimizer steps of the user's own loop (steps 0,
     every, 2*every, ... counted from now), then detach and judge.
 
+    `optimizer_or_list` None: a loop that updates its tensors by hand; a step then ends with
+    each backward, or at each `Watch.step()` (README, "Hand-written updates").
     `steps=None`: the whole run, one step in `every` until `stop()` or the process's end, with
     each wiring change observed at once (`diagkit.run.whole_run`; README, "The whole run").
     `on_finding(finding)`: called with each new warning or error as it appears; `halt_on`
@@ -143,6 +145,15 @@ class Watch:
                         loop=LoopFacts(may_earn_shares=self.channel is None))
 
     # ------------------------------------------------------------------ the user's side
+    def step(self) -> None:
+        """With no optimizer: the loop's own step ended here (call it after the update). The
+        first call drops the step in progress; from then on these calls are the steps."""
+        if self.optimizers:
+            raise DiagkitError("watch.step() is for loops without an optimizer: here the "
+                               "optimizers' own steps are the steps")
+        if not self._finished:
+            self.clock.step()
+
     @property
     def should_stop(self) -> bool:
         """Whether a finding at or above `halt_on` has appeared (a whole-run watch)."""
@@ -273,6 +284,7 @@ class Watch:
 
     def _meta(self) -> dict:
         return {"loop": "watch", "steps_requested": self.steps, "delta": self.delta,
+                "optimizers": len(self.optimizers),
                 "every": self.every, "optimizer_steps": self.clock.count,
                 "wrappers": self.wrappers, "losses": [], "restored": False,
                 "ended": self._ended,

@@ -147,7 +147,8 @@ class WholeRun:
         return joined
 
     def judge(self, rows: list[dict], steps) -> Diagnosis:
-        return judge_observation(Observation(rows, steps, None, {}))
+        return judge_observation(Observation(rows, steps, None,
+                                             {"optimizers": len(self.optimizers)}))
 
     # ---------------------------------------------------------------- announcing
     def _announce(self, span) -> None:
@@ -189,7 +190,8 @@ class WholeRun:
         findings = [f for f in base.findings if f.code not in VERDICTS]
         if self.ranks is not None and self.ranks.mismatch is not None:
             findings.append(self.ranks.mismatch)
-        meta = {**base.meta, "events": list(self.events), "dropped_steps": list(self.dropped), "kept_steps": self.kept.describe(),
+        meta = {**base.meta, "events": list(self.events), "dropped_steps": list(self.dropped),
+                "kept_steps": self.kept.describe(),
                 "windows": self.windows, "timeline": _records(self.timeline.table()),
                 "steps_observed": self.kept.observed + len(self.dropped)}
         return dataclasses.replace(base, params=params, meta=meta,
