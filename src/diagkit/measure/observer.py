@@ -32,7 +32,7 @@ from .probes import make_probe
 from . import rewrites
 from .readback import Pending, as_float
 from .shards import local, measured_parts
-from .skips import Holdings, merged_skips
+from .skips import Holdings, merged_skips, resting_rows
 from .step_records import StepRecords
 from .step_state import LoopFacts, StepState
 from .strategy_plan import plan_strategies
@@ -65,6 +65,7 @@ class Observer:
         self.state: StepState | None = None
         self.losses: list[float] = []
         self.zero_grad_expected: set[int] = set()  # exactly-zero fresh gradients last step
+        self.resting: set[int] = set()  # optimizers that rested in this step (`StepClock`)
         self._handles: list = []
         self.records = StepRecords(inventory.names, checksums)
         self._held_by = inventory.held_by(len(optimizers))
@@ -184,12 +185,14 @@ class Observer:
         # A step some optimizer skipped counts its skips; a merged skip is one a later
         # iteration of the same step ran on from (the watch's steps, which every optimizer took).
         self.skipped_optimizer_steps += int(skipping.sum()) if skipping.any() else merged
+        rows = resting_rows(self.inv.rows, self.resting, st.used)
+        self.resting = set()
         self.records.add(st.index, {
             "requires_grad": st.requires_grad, "used": st.used, "grad_norm": grad_norm,
             "grad_total_norm": grad_total, "carried_grad": carried_grad, "delta_norm": delta,
             "update_ratio": ratio, "changed": changed, "lr": st.lr, "nonfinite": nonfinite,
             "skipped": self.holdings.skipped(st, skipping),
-            **({"checksum": got["checksum"]} if self.checksums else {})})
+            **({"checksum": got["checksum"]} if self.checksums else {})}, rows)
         self.unregistered.end(st.index, loss, st.used)
         st.release()
         if keys["scalar_loss"]:

@@ -92,3 +92,16 @@ def merged_skips(st: StepState, l2: np.ndarray, zeroed: np.ndarray
     stale = np.zeros(len(l2), dtype=bool)
     stale[:bounds[int(skips[-1]) + 1]] = True
     return len(skips), stale
+
+
+def resting_rows(rows: list[dict], resting: set[int], used: np.ndarray) -> np.ndarray | None:
+    """The tensors a step is recorded for when some optimizers rested in it (they stepped
+    apart: `measure.step_clock.IDLE_AFTER`): all but those held only by resting optimizers
+    and given no gradient (another layer's turn, not a tensor left unused). None: all."""
+    if not resting:
+        return None
+    out = np.zeros(len(rows), dtype=bool)
+    for k, row in enumerate(rows):
+        holders = {i for i, _ in row["memberships"]}
+        out[k] = bool(holders) and holders <= resting and not used[k]
+    return np.flatnonzero(~out) if out.any() else None

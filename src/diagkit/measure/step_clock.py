@@ -4,7 +4,9 @@ A step is one optimizer step: it ends when every watched optimizer has stepped s
 step ended (each once in the usual loop; one optimizer stepping again first just makes that
 step longer). So accumulation over micro-batches, `model.zero_grad()` or no zeroing at all,
 clipping, schedulers and a loss scaler (whose skipped steps never call `optimizer.step()`) all
-count as the user's loop counts them. Step `i` is observed when `i % every == 0`: the
+count as the user's loop counts them. Optimizers that step apart (each layer its own, trained
+one after another) are each a step of their own once the others rest (`IDLE_AFTER`). Step `i`
+is observed when `i % every == 0`: the
 observer's step begins right after step `i - 1` ended, so it sees the whole of step `i`
 (zeroing, forward, backward, the optimizer's update).
 
@@ -23,6 +25,13 @@ from .backward_ticks import BackwardTicks
 from .observer import Observer
 
 
+# An optimizer that has not stepped while another stepped this many more times in one step is
+# resting (forward-forward training: one layer's optimizer at a time): from then on a step
+# ends when the optimizers not resting have stepped, until it steps again. A GAN's critic
+# stepping 5 times per generator step stays one step.
+IDLE_AFTER = 8
+
+
 class StepClock:
     """Counts the optimizer steps of `optimizers` and brackets the observed ones for
     `observer`. `on_step(index)` after each observed step; `on_done(error)` once, after
@@ -38,6 +47,8 @@ class StepClock:
         self.observed = 0       # of them, observed
         self.observing = False  # the observer's step is open
         self._stepped: set[int] = set()
+        self._repeats = 0              # steps of an optimizer again within the current step
+        self.idle: set[int] = set()    # optimizers resting (not stepping while others do)
         self._handles: list[tuple[int, object]] = []  # (optimizer, handle)
         self._in_hook: int | None = None  # the optimizer whose post-hook is running
         self.ticks: BackwardTicks | None = None  # with no optimizer: steps end at backward ends
@@ -120,9 +131,17 @@ class StepClock:
             return
         if self.observing:
             self.obs.step_ended(i)
+        if i in self._stepped:
+            self._repeats += 1
+            if self._repeats >= IDLE_AFTER:  # the others rest: each of i's steps is a step
+                self.idle |= set(range(len(self.optimizers))) - self._stepped
         self._stepped.add(i)
-        if len(self._stepped) == len(self.optimizers):
+        self.idle.discard(i)
+        if len(self._stepped | self.idle) == len(self.optimizers):
+            if self.observing:
+                self.obs.resting = set(self.idle)
             self._stepped.clear()
+            self._repeats = 0
             self._tick()
 
     def _tick(self) -> None:

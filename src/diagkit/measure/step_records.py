@@ -20,19 +20,35 @@ class StepRecords:
         self.names, self.checksums = names, checksums
         self._records: list[dict[str, np.ndarray]] = []
         self._step_ids: list[int] = []
+        self._rows: list[np.ndarray | None] = []  # the tensors a record holds (None: all)
 
     def __len__(self) -> int:
         return len(self._records)
 
-    def add(self, step: int, record: dict[str, np.ndarray]) -> None:
+    def add(self, step: int, record: dict[str, np.ndarray], rows: np.ndarray | None = None
+            ) -> None:
+        """`rows`: the tensors (indices) the step is recorded for, when not all of them (the
+        others rested: their optimizers did not step, `measure.step_clock`)."""
+        if rows is not None:
+            record = {c: v[rows] for c, v in record.items()}
         self._records.append(record)
         self._step_ids.append(step)
+        self._rows.append(rows)
+
+    def _names_of(self, i: int) -> np.ndarray:
+        names = np.array(self.names, dtype=object)
+        return names if self._rows[i] is None else names[self._rows[i]]
 
     def table(self) -> pd.DataFrame:
         """Every recorded step, one row per (step, tensor)."""
         n, count = len(self.names), len(self._records)
-        data = {"step": np.repeat(np.array(self._step_ids, dtype=np.int64), n),
-                "name": np.tile(np.array(self.names, dtype=object), count)}
+        if any(r is not None for r in self._rows):
+            sizes = [n if r is None else len(r) for r in self._rows]
+            data = {"step": np.repeat(np.array(self._step_ids, dtype=np.int64), sizes),
+                    "name": np.concatenate([self._names_of(i) for i in range(count)])}
+        else:
+            data = {"step": np.repeat(np.array(self._step_ids, dtype=np.int64), n),
+                    "name": np.tile(np.array(self.names, dtype=object), count)}
         columns = list(STEPS_COLUMNS) + (["checksum"] if self.checksums else [])
         for col in columns[2:]:
             data[col] = (np.concatenate([r[col] for r in self._records]) if count
@@ -41,7 +57,7 @@ class StepRecords:
 
     def one(self, step: int) -> pd.DataFrame:
         """The rows of one recorded step (the latest, if it was recorded twice)."""
-        record = self._records[len(self._step_ids) - 1 - self._step_ids[::-1].index(step)]
-        data = {"step": np.full(len(self.names), step, dtype=np.int64),
-                "name": np.array(self.names, dtype=object), **record}
+        i = len(self._step_ids) - 1 - self._step_ids[::-1].index(step)
+        record, names = self._records[i], self._names_of(i)
+        data = {"step": np.full(len(names), step, dtype=np.int64), "name": names, **record}
         return pd.DataFrame(data, columns=list(data))

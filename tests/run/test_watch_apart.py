@@ -1,0 +1,71 @@
+"""Optimizers that step apart (README, "Diagnose your real training run"): forward-forward
+training, each layer with its own optimizer trained one after another, is a step per
+optimizer step once the others rest, and a tensor is judged on the steps its own optimizer
+took; a GAN's critic stepping 5 times per generator step stays one step."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import diagkit
+from diagkit.measure.step_clock import IDLE_AFTER
+
+
+class Layer(nn.Module):
+    def __init__(self, dead=False):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        if dead:
+            self.dead = nn.Linear(4, 4)  # its optimizer holds it; the forward never uses it
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def forward_forward(layers, opts, per_layer):
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    for k, (layer, opt) in enumerate(zip(layers, opts)):
+        for _ in range(per_layer):
+            h = x
+            with torch.no_grad():
+                for prev in layers[:k]:
+                    h = torch.relu(prev(h))
+            opt.zero_grad()
+            layer(h).pow(2).mean().backward()
+            opt.step()
+
+
+def test_layers_trained_one_after_another_are_a_step_per_optimizer_step():
+    torch.manual_seed(0)
+    layers = nn.ModuleList([Layer(), Layer(dead=True), Layer()])
+    opts = [torch.optim.SGD(layer.parameters(), lr=0.05) for layer in layers]
+    w = diagkit.watch(layers, opts, steps=100)
+    forward_forward(layers, opts, per_layer=15)
+    diag = w.stop()
+    # the first IDLE_AFTER + 1 steps of each layer are one step, each later one its own
+    assert diag.meta["optimizer_steps"] == 3 * (15 - IDLE_AFTER)
+    v = diag.verdicts()
+    assert v["1.dead.weight"] == {"unused"} == v["1.dead.bias"]
+    assert all(v[n] == {"ok"} for n in v if "dead" not in n), v
+    params = diag.params.set_index("name")
+    assert params.loc["0.fc.weight", "steps"] < diag.meta["steps_observed"]
+
+
+def test_a_critic_stepping_five_times_per_generator_step_stays_one_step():
+    torch.manual_seed(0)
+    gen, critic = nn.Linear(2, 4), nn.Linear(4, 1)
+    g_opt = torch.optim.SGD(gen.parameters(), lr=0.01)
+    c_opt = torch.optim.SGD(critic.parameters(), lr=0.01)
+    w = diagkit.watch({"gen": gen, "critic": critic}, [c_opt, g_opt], steps=6)
+    for _ in range(6):
+        for _ in range(5):
+            c_opt.zero_grad()
+            critic(gen(torch.randn(3, 2)).detach()).mean().backward()
+            c_opt.step()
+        g_opt.zero_grad()
+        critic(gen(torch.randn(3, 2))).mean().backward()
+        g_opt.step()
+    diag = w.diagnosis
+    assert diag.meta["optimizer_steps"] == 6 and diag.meta["steps_observed"] == 6
+    assert set().union(*diag.verdicts().values()) == {"ok"}
