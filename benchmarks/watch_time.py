@@ -16,6 +16,16 @@ import statistics
 import time
 
 
+def timed_steps(step, n: int) -> list[float]:
+    """Seconds of each of `n` calls `step(i)`: the user's loop, timed step by step."""
+    times = []
+    for i in range(n):
+        s = time.perf_counter()
+        step(i)
+        times.append(time.perf_counter() - s)
+    return times
+
+
 def time_watch(build, kind: str, cfg: dict, rounds: int, k: int) -> dict:
     """Medians and ratios of plain, watched and after-detach steps of `build(kind, cfg)`."""
     import diagkit
@@ -28,15 +38,9 @@ def time_watch(build, kind: str, cfg: dict, rounds: int, k: int) -> dict:
     for i in range(2):  # warm-up: allocator, AdamW state, .grad buffers
         step(i)
     saved = SavedState(model, list(model.parameters()), [opt])
-    clock = time.perf_counter
 
     def block(n: int) -> list[float]:
-        times = []
-        for i in range(n):
-            s = clock()
-            step(i)
-            times.append(clock() - s)
-        return times
+        return timed_steps(step, n)
 
     plain, watched, after, ratios, after_ratios = [], [], [], [], []
     first, last = [], []

@@ -30,6 +30,7 @@ def time_whole_run(build, kind: str, cfg: dict, rounds: int, n: int, every: int)
     from diagkit.measure.restore import SavedState
     from diagkit.run.loop import step_function
     from diagkit.run.target import Setup
+    from watch_time import timed_steps
 
     model, opt, batch_fn, loss_fn = build(kind, cfg)
     step = step_function(Setup(model=model, optimizer=opt, batch_fn=batch_fn, loss_fn=loss_fn))
@@ -39,12 +40,7 @@ def time_whole_run(build, kind: str, cfg: dict, rounds: int, n: int, every: int)
     clock = time.perf_counter
 
     def block() -> list[float]:
-        times = []
-        for i in range(n):
-            s = clock()
-            step(i)
-            times.append(clock() - s)
-        return times
+        return timed_steps(step, n)
 
     ratios, plain_all, unobserved_all, stops = [], [], [], []
     for r in range(rounds):

@@ -65,6 +65,10 @@ class Timeline:
             self._open.pop(key).ended = first
         return new
 
+    def open_keys(self) -> set[tuple[str, str]]:
+        """The (code, module) of the spans that still held in the last window."""
+        return set(self._open)
+
     def findings(self) -> list[Finding]:
         """Every span as a finding whose message says when it held."""
         return [as_finding(s) for s in self.spans]

@@ -54,12 +54,11 @@ class RunClock(StepClock):
             self.observed += recorded
         current = self.obs
         following = self.plan(index, recorded)
-        if following is not current or following is None:
+        if following is not current:
             current.detach()
-        if following is None:
-            self.obs = current  # kept for `stop()`, detached
+        if following is None:  # `current` stays, detached, for `stop()`
             return
-        if following is not current or not current.attached:
+        if not following.attached:
             following.attach()
         self.obs = following
         self._open(self.count, consecutive=following is current and was_observing)

@@ -24,6 +24,7 @@ import logging
 import time
 
 from ..core import severity
+from ..core.files import records
 from ..core.result import Diagnosis
 from ..judge.findings import sort_findings
 from ..judge.timeline import Timeline, as_finding, onsets
@@ -130,8 +131,8 @@ class WholeRun:
             self.verdicts.setdefault(name, set()).update(v for v in verdicts if v != "ok")
         self.rows.update((row["name"], row) for row in rows)
         first, last = int(steps["step"].min()), int(steps["step"].max())
-        open_keys = {s.key for s in self.timeline.spans if s.ended is None}
-        new = {(f.code, f.module) for f in judged.findings if f.code in VERDICTS} - open_keys
+        new = ({(f.code, f.module) for f in judged.findings if f.code in VERDICTS}
+               - self.timeline.open_keys())
         starts = (onsets(steps, new, lambda one: self.judge(rows, one).findings)
                   if new and first != last else {})
         for span in self.timeline.advance(judged.findings, first, last, starts, self.events):
@@ -184,15 +185,14 @@ class WholeRun:
     def result(self, base: Diagnosis) -> Diagnosis:
         """`base` (judged from the kept steps) with the run's verdicts, spans and events."""
         params = base.params.copy()
-        params["verdicts"] = [tuple(sorted(self.verdicts.get(n, set()) or {"ok"},
-                                           key=_verdict_order))
-                              for n in params["name"]]
+        params["verdicts"] = [tuple(v for v in VERDICTS if v in self.verdicts.get(n, ()))
+                              or ("ok",) for n in params["name"]]
         findings = [f for f in base.findings if f.code not in VERDICTS]
         if self.ranks is not None and self.ranks.mismatch is not None:
             findings.append(self.ranks.mismatch)
         meta = {**base.meta, "events": list(self.events), "dropped_steps": list(self.dropped),
                 "kept_steps": self.kept.describe(),
-                "windows": self.windows, "timeline": _records(self.timeline.table()),
+                "windows": self.windows, "timeline": records(self.timeline.table().astype(object)),
                 "steps_observed": self.kept.observed + len(self.dropped)}
         return dataclasses.replace(base, params=params, meta=meta,
                                    findings=sort_findings(findings + self.timeline.findings()))
@@ -207,12 +207,3 @@ class WholeRun:
         self._saved_at = time.monotonic()
         self.watch.save_running()
 
-
-def _verdict_order(name: str) -> int:
-    order = list(VERDICTS)
-    return order.index(name) if name in order else -1
-
-
-def _records(table) -> list[dict]:
-    return [{k: (None if v != v else v) for k, v in row.items()}  # NaN -> None (JSON)
-            for row in table.astype(object).to_dict("records")]

@@ -58,12 +58,12 @@ class RankJoin:
         return pd.concat(parts, ignore_index=True).sort_values(
             ["step", "rank"], kind="stable", ignore_index=True)
 
-    def _compare(self, rank: int, step: int, digest) -> Finding | None:
+    def _compare(self, rank: int, step: int, digest) -> None:
         # A rank ahead of rank 0 (no sync) is compared only up to where rank 0 has been.
         mine = (next((d for s, d in reversed(self.history) if s <= step), None)
                 if step <= self.latest else None)
         if self.mismatch is not None or mine is None or digest is None or digest == mine:
-            return None
+            return
         self.mismatch = Finding(
             CODE, "error", (),
             f"rank {rank}'s wiring differs from rank 0's at step {step} (which tensors require "
@@ -72,4 +72,3 @@ class RankJoin:
             "Make every rank change its wiring at the same step: an unfreeze, add_param_group "
             "or lr change guarded by the rank (if rank == 0: ...) runs on that rank alone.",
             since=step, until=step)
-        return self.mismatch
