@@ -218,3 +218,4 @@ def test_the_report_pieces_and_the_explorer_show_the_timeline():
     plain = diagkit.watch(model, opt, steps=2)
     train(model, opt, 2)
     assert not hasattr(explore(plain.diagnosis).controls, "timeline")
+    assert timeline.events_html(plain.diagnosis.meta.get("events")) == ""  # none looked for

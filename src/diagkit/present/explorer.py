@@ -138,10 +138,10 @@ def explore(diag, top: int = 6) -> Explorer:
 def _timeline(diag) -> Figure | None:
     """The timeline figure of a whole-run watch (`present.timeline`); None for any other run."""
     meta = getattr(diag, "meta", None) or {}
-    if not meta.get("timeline") and not meta.get("events"):
+    if "events" not in meta:  # not a whole-run watch: no change was looked for
         return None
     from .timeline import timeline_figure, timeline_table
-    return timeline_figure(timeline_table(diag), meta.get("events", []),
+    return timeline_figure(timeline_table(diag), meta["events"],
                            meta.get("optimizer_steps"))
 
 

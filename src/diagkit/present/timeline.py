@@ -21,15 +21,16 @@ def timeline_table(diag) -> pd.DataFrame:
     return pd.DataFrame(diag.meta.get("timeline") or [], columns=_COLUMNS)
 
 
-def timeline_figure(spans: pd.DataFrame, events: list[dict], last_step: int | None = None):
+def timeline_figure(spans: pd.DataFrame, events: list[dict] | None,
+                    last_step: int | None = None):
     """One bar per span, from the step it was first seen to the last it held on (to the end
     of the run when it still held), coloured by severity; a dashed line at each change."""
     fig, ax = axes(height=max(2.2, 0.9 + 0.4 * len(spans)))
     title = "Findings over the run"
     if not len(spans):
-        no_data(ax, "no finding held on any observed step" if events else
+        no_data(ax, "no finding held on any observed step" if events is not None else
                 "not a whole-run watch (watch(..., steps=None))", title, "finding")
-        _mark(ax, events)
+        _mark(ax, events or [])
         return fig
     end = max([int(spans["until"].max())] + ([last_step] if last_step is not None else []))
     for y, row in enumerate(spans.itertuples()):
@@ -41,7 +42,7 @@ def timeline_figure(spans: pd.DataFrame, events: list[dict], last_step: int | No
                   [label(f"{r.code}: {r.module or '(model)'}") for r in spans.itertuples()],
                   fontsize=8)
     ax.invert_yaxis()
-    _mark(ax, events)
+    _mark(ax, events or [])
     ax.set_title(title)
     ax.set_xlabel("step")
     ax.grid(True, axis="x", alpha=0.3)
@@ -56,8 +57,11 @@ def _mark(ax, events: list[dict]) -> None:
         ax.legend(fontsize=7, loc="lower right", frameon=False)
 
 
-def events_html(events: list[dict], limit: int = 50) -> str:
-    """The wiring changes, one line each (step, what); names are escaped."""
+def events_html(events: list[dict] | None, limit: int = 50) -> str:
+    """The wiring changes, one line each (step, what); names are escaped. None (a run that
+    was not watched whole, so no change was looked for): nothing."""
+    if events is None:
+        return ""
     if not events:
         return '<p class="diagkit-events">no wiring change was seen.</p>'
     items = "".join(f"<li>step {int(e['step'])}: {html.escape(str(e['what']))}</li>"
