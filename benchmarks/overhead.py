@@ -79,7 +79,7 @@ SIZES = {
         "stride": dict(tensors=2000, steps=1000, every=100, full_steps=20),
         "import_runs": 5,
         "whole": {"gpt": (1, 200), "small": (3, 400), "every": 100, "check": (500, 5000),
-                  "long_steps": 200_000},
+                  "long_steps": 1_000_000},
     },
     "quick": {
         "gpt": dict(layers=2, d=64, heads=4, vocab=500, batch=4, ctx=16),
