@@ -119,6 +119,7 @@ def synthetic(n_tensors: int = 2000, n_steps: int = 200, n_top: int = 25):
         "dtype": "torch.float32",
         "device": "cpu",
         "placement": "",
+        "stage": "",
         "in_model": True,
         "requires_grad": True,
         "optimizer": pd.array(np.zeros(n_tensors, dtype=int), dtype="Int64"),

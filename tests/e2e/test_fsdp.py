@@ -140,23 +140,41 @@ import torch, torch.distributed as dist
 import diagkit
 from torch.distributed.fsdp import FullyShardedDataParallel
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-model = FullyShardedDataParallel(torch.nn.Linear(4, 2), device_id=torch.device("cpu"))
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for call in (lambda: diagkit.diagnose(model, opt, batch_fn=lambda: torch.randn(2, 4),
-                                      loss_fn=lambda m, x: m(x).sum()),
-             lambda: diagkit.watch(model, opt)):
-    try:
-        call()
-    except diagkit.DiagkitError as exc:
-        print("refused:", exc)
+for orig in (False, True):
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    model = FullyShardedDataParallel(inner, device_id=torch.device("cpu"), use_orig_params=orig)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch = lambda: torch.randn(2, 4)
+    # the wrapper itself, under diagnose and watch; then the module taken from under it,
+    # which the earlier line invited and which was then judged wrongly
+    for what, call in (("diagnose", lambda: diagkit.diagnose(model, opt, batch_fn=batch,
+                                                            loss_fn=lambda m, x: m(x).sum())),
+                       ("watch", lambda: diagkit.watch(model, opt)),
+                       ("module", lambda: diagkit.watch(model.module, opt))):
+        try:
+            call()
+            print(f"judged {orig} {what}")
+        except diagkit.DiagkitError as exc:
+            print(f"refused {orig} {what}:", exc)
 """
 
 
-def test_fsdp1_is_refused_in_one_line(tmp_path):
-    lines = [ln for ln in python(FSDP1, tmp_path).stdout.splitlines()
-             if ln.startswith("refused:")]
-    assert len(lines) == 2
-    assert all("FSDP1 (FullyShardedDataParallel)" in ln and "fully_shard" in ln for ln in lines)
+def test_fsdp1_is_refused_in_one_accurate_line(tmp_path):
+    """FSDP1 under both use_orig_params settings, and the module under it, end in one line
+    that says why, not in a whole model judged `unused` and `rank_divergent`."""
+    out = python(FSDP1, tmp_path).stdout.splitlines()
+    refused = {tuple(ln.split(":")[0].split()[1:]): ln for ln in out if ln.startswith("refused")}
+    assert len(refused) == 6 and not [ln for ln in out if ln.startswith("judged")], out
+    for orig in ("False", "True"):
+        for what in ("diagnose", "watch"):
+            line = refused[(orig, what)]
+            assert "FSDP1 (FullyShardedDataParallel)" in line and "fully_shard" in line, line
+            assert f"use_orig_params={orig}" in line, line
+            assert "the model unwrapped" not in line, line
+    # Under the wrapper the tensors are FSDP's: the flat parameter or views into it.
+    assert "FlatParameter" in refused[("False", "module")], refused[("False", "module")]
+    assert ("FlatParameter" in refused[("True", "module")]
+            or "view" in refused[("True", "module")]), refused[("True", "module")]
 
 
 POLICIES = """

@@ -56,3 +56,31 @@ def test_aggregates_of_no_step_at_all():
     _, steps = tables(T("w", n_steps=0))
     agg = aggregate_steps(steps)
     assert agg.empty and agg.index.name == "name"
+
+
+# ------------------------------------------------------------------ ranks' inventories
+def _row(name, in_model=True, memberships=((0, 0),), lr=0.1):
+    return {"name": name, "in_model": in_model, "memberships": memberships, "lr": lr,
+            "stage": ""}
+
+
+def test_ranks_that_hold_the_same_tensors_are_rank_0s_rows():
+    from diagkit.measure.aggregate import join_rank_rows
+    rank0 = [_row("a"), _row("b")]
+    rank1 = [_row("b", lr=9.0), _row("a", lr=9.0), _row("<unregistered #0>", in_model=False,
+                                                         memberships=())]
+    assert join_rank_rows({1: rank1, 0: rank0}) is rank0  # an unregistered find is no stage
+
+
+def test_pipeline_stages_are_joined_by_name_with_the_ranks_that_hold_them():
+    """Each tensor takes the row of the lowest rank holding it (its own optimizer's facts)."""
+    from diagkit.measure.aggregate import join_rank_rows
+    joined = join_rank_rows({
+        0: [_row("first.weight"), _row("shared.weight", lr=0.1)],
+        1: [_row("shared.weight", lr=9.0), _row("head.weight", memberships=(), lr=float("nan"))],
+        2: [_row("head.weight", memberships=(), lr=float("nan"))]})
+    by = {r["name"]: r for r in joined}
+    assert list(by) == ["first.weight", "shared.weight", "head.weight"]
+    assert {n: r["stage"] for n, r in by.items()} == {
+        "first.weight": "0", "shared.weight": "0,1", "head.weight": "1,2"}
+    assert by["shared.weight"]["lr"] == 0.1 and by["head.weight"]["memberships"] == ()

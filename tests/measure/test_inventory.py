@@ -103,7 +103,7 @@ def test_same_tensor_twice_in_one_group_is_one_membership():
 
 
 def test_two_optimizers_share_an_optimizer_only_tensor():
-    model = nn.Linear(1, 1)
+    model = nn.Linear(3, 3)  # far larger than `loose`: no flat buffer (`measure.engines`)
     loose = nn.Parameter(torch.ones(2))
     a = torch.optim.SGD([loose], lr=0.1)
     b = torch.optim.SGD([loose], lr=0.2)

@@ -62,5 +62,5 @@ def test_a_partial_placement_is_refused_in_one_line(mesh):
     p = torch.nn.Parameter(DTensor.from_local(torch.ones(2), mesh, [Partial()]))
     model = module_with(p)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(DiagkitError, match=r"placement .*Partial.* \(only Shard and Replicate\)"):
+    with pytest.raises(DiagkitError, match=r"placement .*Partial.* \(only Shard, _StridedShard and Replicate\)"):
         Observer(take_inventory(model, [opt]), [opt])

@@ -14,7 +14,7 @@ from diagkit.present.explorer_state import ExplorerState
 
 # The static facts an inventory row holds (what build_params joins with the steps).
 INVENTORY = ["name", "aliases", "module", "module_type", "shape", "numel", "bytes", "dtype",
-             "device", "placement", "in_model", "requires_grad", "memberships", "n_optimizers",
+             "device", "placement", "stage", "in_model", "requires_grad", "memberships", "n_optimizers",
              "optimizer", "group", "lr", "weight_decay"]
 
 

@@ -217,3 +217,11 @@ def test_a_fix_in_prose_shows_its_quoted_code_as_code_not_backticks():
     assert "check that <code>optimizer.step()</code> is reached &lt;here&gt;" in out
     assert "<code style='white-space:pre-wrap'>opt.add_param_group({&#x27;params&#x27;: [p]})" \
         in out
+
+
+def test_the_wiring_table_shows_the_stage_only_when_the_ranks_hold_different_tensors():
+    params = demo("meta_memory").params.copy()
+    assert "stage" not in tables.wiring_table(params).data.columns
+    params["stage"] = ["1"] + ["0"] * (len(params) - 1)
+    data = tables.wiring_table(params).data
+    assert list(data.columns[:2]) == ["name", "stage"] and data.iloc[0]["stage"] == "1"

@@ -194,7 +194,8 @@ def load(directory) -> Diagnosis:
     run = json.loads((folder / "run.json").read_text())
     failure = StepFailure(**run["failure"]) if run.get("failure") else None
     return Diagnosis(
-        params=_added_columns(from_parquet(folder / "params.parquet"), {"skipped_steps": 0}),
+        params=_added_columns(from_parquet(folder / "params.parquet"),
+                              {"skipped_steps": 0, "stage": ""}),
         steps=_added_columns(from_parquet(folder / "steps.parquet"), {"skipped": False}),
         findings=_saved_findings(json.loads((folder / "findings.json").read_text()), folder),
         advice=json.loads((folder / "advice.json").read_text()),

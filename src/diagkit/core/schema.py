@@ -23,6 +23,8 @@ PARAMS_COLUMNS: dict[str, str] = {
     "placement": "how the tensor is split over ranks: '' for a plain tensor, else a DTensor's "
                  "placements (FSDP2: 'Shard(dim=0)'); shape, numel and bytes are the whole "
                  "tensor's",
+    "stage": "the ranks that hold the tensor ('1', '0,2') when the ranks do not all hold the "
+             "same tensors (pipeline stages); '' when every rank holds it, and without ranks",
     "in_model": "the tensor is a parameter of the model (False with no memberships: "
                 "unregistered)",
     "requires_grad": "requires_grad on the last observed step (at optimizer-step time)",

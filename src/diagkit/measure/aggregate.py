@@ -12,6 +12,37 @@ import pandas as pd
 from ..core.schema import PARAMS_COLUMNS, STEPS_COLUMNS
 
 
+def join_rank_rows(by_rank: dict[int, list[dict]]) -> list[dict]:
+    """Every rank's inventory rows as one list, joined by name.
+
+    Under DDP or FSDP every rank holds the same tensors, and rank 0's rows stand for all (as
+    they always have). Under pipeline parallelism each stage holds its own: every tensor then
+    gets the row of the lowest rank that holds it (its own optimizer's memberships, lr and
+    decay), with `stage` naming the ranks that hold it, so a tensor on the last stage is
+    judged on that stage's facts. Its steps come from those ranks alone, so it is never
+    compared across ranks that do not hold it (`judge.rules_ranks` compares rows of the same
+    step and name). Sameness is decided on the model's and the optimizers' tensors: an
+    unregistered tensor one rank found is not a stage."""
+    ranks = sorted(by_rank)
+    if not ranks:
+        return []
+    held = {r: {row["name"] for row in by_rank[r] if row["in_model"] or row["memberships"]}
+            for r in ranks}
+    if all(held[r] == held[ranks[0]] for r in ranks):
+        return by_rank[ranks[0]]
+    holders: dict[str, list[int]] = {}
+    for r in ranks:
+        for row in by_rank[r]:
+            holders.setdefault(row["name"], []).append(r)
+    joined, seen = [], set()
+    for r in ranks:
+        for row in by_rank[r]:
+            if row["name"] not in seen:
+                seen.add(row["name"])
+                joined.append({**row, "stage": ",".join(map(str, holders[row["name"]]))})
+    return joined
+
+
 def build_params(rows: list[dict], steps: pd.DataFrame) -> pd.DataFrame:
     """Static facts (the inventory's rows) joined with aggregates over the observed steps."""
     params = pd.DataFrame(rows)

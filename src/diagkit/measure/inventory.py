@@ -11,7 +11,8 @@ import dataclasses
 import numpy as np
 import torch
 
-from .shards import placement, refuse_flat_parameters
+from .engines import refuse_engines, refuse_flat_buffers
+from .shards import placement
 from .unregistered import find_paths
 
 
@@ -45,7 +46,9 @@ class Inventory:
 
 
 def take_inventory(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> Inventory:
-    refuse_flat_parameters(model)
+    """The tensors of `model` and `optimizers`, by identity; an engine whose tensors are not
+    the model's is refused in one line (`measure.engines`), never judged."""
+    refuse_engines(model, optimizers)
     tensors: list[torch.Tensor] = []
     rows: list[dict] = []
     index: dict[int, int] = {}
@@ -84,6 +87,7 @@ def take_inventory(model: torch.nn.Module, optimizers: list[torch.optim.Optimize
         row["optimizer"], row["group"] = pairs[0] if pairs else (None, None)
         first_group.append(pairs[0] if pairs else None)
         row["lr"], row["weight_decay"] = _hyper(optimizers, pairs)
+    refuse_flat_buffers(tensors, rows)
     return Inventory(tensors=tensors, rows=rows, first_group=first_group, model=model)
 
 
@@ -113,6 +117,7 @@ def _row(name, tensor, module, module_type, in_model):
         "dtype": str(tensor.dtype),
         "device": str(tensor.device),
         "placement": placement(tensor),
+        "stage": "",
         "in_model": in_model,
         "requires_grad": tensor.requires_grad,
     }

@@ -54,19 +54,6 @@ def any_sharded(model: torch.nn.Module) -> bool:
     return any(is_sharded(p) for p in model.parameters())
 
 
-def refuse_flat_parameters(model: torch.nn.Module) -> None:
-    """FSDP1 (`FullyShardedDataParallel`) merges a module's tensors into one flat parameter:
-    the tensors an optimizer holds, and their gradients, are not the model's own, so no
-    verdict about them could be trusted. Said in one line, before anything runs."""
-    for module in model.modules():
-        if type(module).__name__ == "FullyShardedDataParallel":
-            raise DiagkitError(
-                "diagkit does not observe FSDP1 (FullyShardedDataParallel) models: their flat "
-                "parameters merge the model's tensors, so names, gradients and optimizer "
-                "membership are not per tensor. Supported: FSDP2 "
-                "(torch.distributed.fsdp.fully_shard), DDP, or the model unwrapped")
-
-
 def placement(t) -> str:
     """'' for a plain tensor, else the DTensor's placements: the params table's `placement`."""
     return ", ".join(map(repr, t.placements)) if is_sharded(t) else ""
@@ -75,18 +62,28 @@ def placement(t) -> str:
 def reduce_dims(t) -> tuple[int, ...]:
     """The mesh dimensions over which `t` is split: its measurements are summed over them.
 
-    Replicated dimensions (HSDP's outer one) already hold the whole of it. A `Partial`
+    Replicated dimensions (HSDP's outer one) already hold the whole of it. `_StridedShard`
+    (FSDP2 over tensor parallelism, a 2-D mesh) splits the elements in another order, but
+    still into disjoint parts: summed over its dimension as `Shard` is. A `Partial`
     placement holds addends, not parts: no norm of it combines exactly, so it is refused.
     """
     dims, module = [], _dtensor_module()  # loaded: `t` is a DTensor
+    parts = tuple(c for c in (module.Shard, _strided_shard()) if c is not None)
     for d, placement in enumerate(t.placements):
-        if isinstance(placement, module.Shard):
+        if isinstance(placement, parts):
             dims.append(d)
         elif not isinstance(placement, module.Replicate):
             raise DiagkitError(f"diagkit cannot observe a DTensor parameter with placement "
-                               f"{placement!r} (only Shard and Replicate): shape "
+                               f"{placement!r} (only Shard, _StridedShard and Replicate): "
+                               f"shape "
                                f"{tuple(t.shape)}")
     return tuple(dims)
+
+
+def _strided_shard():
+    """torch's `_StridedShard` placement class (private: None where a torch lacks it)."""
+    types = sys.modules.get("torch.distributed.tensor.placement_types")
+    return getattr(types, "_StridedShard", None)
 
 
 def measured_parts(tensors: list) -> tuple["ShardCombiner", bool, list]:

@@ -289,7 +289,7 @@ def _row(name, tensor, module, module_type) -> dict:
     return {"name": name, "aliases": (), "module": module, "module_type": module_type,
             "shape": tuple(tensor.shape), "numel": tensor.numel(),
             "bytes": tensor.numel() * tensor.element_size(), "dtype": str(tensor.dtype),
-            "device": str(tensor.device), "placement": "", "in_model": False,
+            "device": str(tensor.device), "placement": "", "stage": "", "in_model": False,
             "requires_grad": tensor.requires_grad, "memberships": (), "n_optimizers": 0,
             "optimizer": None, "group": None, "lr": float("nan"),
             "weight_decay": float("nan")}

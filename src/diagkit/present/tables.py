@@ -75,6 +75,8 @@ def wiring_table(params: pd.DataFrame, limit: int = 200):
         "shape": p["shape"].map(fmt_shape),
         "module_type": p["module_type"].fillna("").astype(str),
     }, columns=list(WIRING_COLUMNS)).reset_index(drop=True).astype(object)
+    if "stage" in p and (p["stage"].fillna("") != "").any():  # pipeline stages: which ranks
+        show.insert(1, "stage", p["stage"].fillna("").astype(str).to_numpy())
     colours = [severity.COLORS[s] for s in row_severity(p).reset_index(drop=True)]
     caption = f"{len(params)} tensors"
     if left_out:

@@ -46,6 +46,23 @@ class RankChannel:
         self.published += 1
         self.store.add(self._key(self.rank, "ready"), 1)  # counted only once the step is there
 
+    def publish_rows(self, rows: list[dict]) -> None:
+        """This rank's inventory rows, at the start and whenever they change: rank 0 joins
+        the ranks' by name (`measure.aggregate.join_rank_rows`: pipeline stages hold
+        different tensors)."""
+        self.store.set(self._key(self.rank, "rows"), pickle.dumps(rows))
+
+    def rows(self, own: list[dict]) -> list[dict]:
+        """(Rank 0) every rank's rows joined, this rank's being `own`; a rank that published
+        none (yet) adds nothing."""
+        from ..measure.aggregate import join_rank_rows
+        by_rank = {self.rank: own}
+        for r in range(self.world):
+            key = self._key(r, "rows")
+            if r != self.rank and self.store.check([key]):
+                by_rank[r] = pickle.loads(self.store.get(key))
+        return join_rank_rows(by_rank)
+
     def take_steps(self, rank: int) -> list[pd.DataFrame]:
         """(Rank 0, a whole-run watch) rank `rank`'s steps published since the last take; what
         was read is freed, so the store does not grow with the run."""
@@ -88,7 +105,8 @@ class RankChannel:
         """Free the keys rank 0 has read (the store lives as long as the job)."""
         for r in range(self.world):
             steps = self.store.add(self._key(r, "ready"), 0)
-            for what in ["ready", "status", *(f"step{i}" for i in range(self.taken[r], steps))]:
+            for what in ["ready", "status", "rows",
+                         *(f"step{i}" for i in range(self.taken[r], steps))]:
                 try:
                     self.store.delete_key(self._key(r, what))
                 except Exception:  # a store without delete (e.g. FileStore on some torch)

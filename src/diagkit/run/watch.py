@@ -109,6 +109,8 @@ class Watch:
             raise DiagkitError("halt_on cannot be used under a process group: a rank that "
                                "stops training alone leaves the others waiting in their "
                                "collectives (README, \"The whole run\")")
+        if self.channel is not None:  # rank 0 joins them: pipeline stages differ
+            self.channel.publish_rows(self.inventory.rows)
         self.timeout, self.delta, self.every, self.steps = timeout, delta, every, steps
         self._ddp = (model if isinstance(model, torch.nn.Module)
                      and "DistributedDataParallel" in self.wrappers else None)
@@ -237,14 +239,17 @@ class Watch:
             # A step a loss scaler skipped ran on into the next one taken (`measure.skips`).
             meta["skipped_optimizer_steps"] = self.observer.skipped_optimizer_steps
         if self.channel is not None:
+            if self.run is None:  # with the unregistered tensors found
+                self.channel.publish_rows(self.observer.rows)
             self.channel.finish({"failure": failure, "observed": self.clock.observed,
                                  "optimizer_steps": self.clock.count})
             if self.channel.rank != 0:
                 self._release()
                 return
-            steps, failure, ranks = assemble(self.channel, self.timeout, failure)
+            steps, failure, ranks, rows = assemble(self.channel, self.timeout, failure,
+                                                   self.observer.rows)
             meta.update(ranks=ranks, nproc=self.channel.world, backend=self.channel.backend)
-            observation = (Observation(self.observer.rows, steps, failure, meta)
+            observation = (Observation(rows, steps, failure, meta)
                            if self.run is None else self.run.observation(failure, meta))
         elif self.run is not None:
             observation = self.run.observation(failure, meta)

@@ -10,10 +10,12 @@ from ..core.schema import STEPS_COLUMNS
 from .gather import RankChannel
 
 
-def assemble(channel: RankChannel, timeout: float, own: StepFailure | None
-             ) -> tuple[pd.DataFrame, StepFailure | None, dict[int, dict]]:
-    """(steps with `rank` and `checksum`, the run's failure, each rank's state)."""
+def assemble(channel: RankChannel, timeout: float, own: StepFailure | None, rows: list[dict]
+             ) -> tuple[pd.DataFrame, StepFailure | None, dict[int, dict], list[dict]]:
+    """(steps with `rank` and `checksum`, the run's failure, each rank's state, every rank's
+    inventory rows joined: `rows` are rank 0's own)."""
     tables, statuses = channel.collect(timeout)
+    rows = channel.rows(rows)
     channel.clear()
     steps = (pd.concat(tables, ignore_index=True).sort_values(["step", "rank"], kind="stable",
                                                             ignore_index=True)
@@ -23,7 +25,7 @@ def assemble(channel: RankChannel, timeout: float, own: StepFailure | None
                  "observed_steps": int(published.get(r, 0)),
                  **({"optimizer_steps": s["optimizer_steps"]} if s else {})}
              for r, s in statuses.items()}
-    return steps, own or _failure(statuses, published, timeout), ranks
+    return steps, own or _failure(statuses, published, timeout), ranks, rows
 
 
 def _failure(statuses: dict[int, dict | None], published: dict, timeout: float

@@ -103,6 +103,8 @@ class WholeRun:
             self.dropped.append({"step": straddled, "why": "the wiring changed during it"})
         self._close_window(replace=False, drop=straddled)
         self.inventory = take_inventory(self.model, self.optimizers)
+        if self.watch.channel is not None:  # rank 0 joins the ranks' rows (pipeline stages)
+            self.watch.channel.publish_rows(self.inventory.rows)
         self.observer = self.watch.new_observer(self.inventory)
         self.burst_left, self.around = BURST, True
 
@@ -114,9 +116,12 @@ class WholeRun:
         if drop is not None and len(steps):
             steps = steps[steps["step"] != drop].reset_index(drop=True)
         if len(steps):
+            rows = observer.rows
             if self.ranks is not None:
+                rows = self.watch.channel.rows(rows)
+                self.ranks.staged = any(row["stage"] for row in rows)
                 steps = self._joined(steps)
-            self._judge_window(observer.rows, steps, around)
+            self._judge_window(rows, steps, around)
         self.around = False
         if replace:
             self.observer = self.watch.new_observer(self.inventory)

@@ -1,0 +1,100 @@
+"""What diagkit cannot observe exactly, refused in one line before anything runs.
+
+A verdict is only as good as the identity it rests on: optimizer membership is `is` between
+the optimizer's tensors and the model's. Some engines break that on purpose. FSDP1 merges a
+module's tensors into one flat parameter; DeepSpeed ZeRO's optimizer holds flat fp32
+partitions, and under ZeRO-3 the model's parameters are empty placeholders between forwards;
+a custom optimizer wrapper may hold its own flat buffers. Judged as they stand, the whole model
+would be `orphan` and the buffers `not_in_model`: confidently wrong. So each is refused here,
+by name where the engine is known, and by its signature where it is not (`flat_buffers`). The
+README's "Distributed runs" section has the table of what is observed and what is refused.
+Duck-typed: no engine is imported.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.errors import DiagkitError
+
+SUPPORTED = ("Supported: DDP, FSDP2 (torch.distributed.fsdp.fully_shard), tensor parallelism "
+             "(DTensor parameters), or a plain module")
+
+
+def refuse_engines(model: torch.nn.Module, optimizers: list) -> None:
+    """The engines known by name: FSDP1 (and its flat parameters wherever they are found),
+    DeepSpeed's engine and ZeRO-3's partitioned parameters."""
+    for module in model.modules():
+        kind = type(module).__name__
+        if kind == "FullyShardedDataParallel":
+            raise DiagkitError(_fsdp1_line(module))
+        if kind == "DeepSpeedEngine":
+            raise DiagkitError(
+                "diagkit does not observe DeepSpeed engines yet: ZeRO's optimizer holds flat "
+                "fp32 partitions, not the model's tensors, so optimizer membership is not per "
+                f"tensor. {SUPPORTED}")
+    held = [t for opt in optimizers for g in opt.param_groups for t in g["params"]]
+    for tensor in [*model.parameters(), *held]:
+        if _fsdp1_flattened(tensor):
+            raise DiagkitError(
+                "diagkit does not observe FSDP1's flat parameters: this module (or its "
+                "optimizer) holds FSDP1's flattened tensors (a FlatParameter, which merges the "
+                "model's tensors into one, or with use_orig_params=True views into one, whose "
+                "gradients accumulate into it), so gradients and optimizer membership are not "
+                "per tensor (a module taken from under FullyShardedDataParallel is still "
+                f"flattened). {SUPPORTED}")
+        if hasattr(tensor, "ds_id") or hasattr(tensor, "ds_tensor"):
+            raise DiagkitError(
+                "diagkit does not observe DeepSpeed ZeRO-3's partitioned parameters yet: "
+                "between forwards each is an empty placeholder of its rank's partition, and "
+                f"ZeRO's optimizer holds flat partitions, not the model's tensors. {SUPPORTED}")
+
+
+def _fsdp1_flattened(tensor) -> bool:
+    """FSDP1 marks its FlatParameter and, with use_orig_params=True, the original tensors
+    it views (`_fsdp_flattened`, torch's own mark, so they are not flattened twice)."""
+    return (getattr(tensor, "_fsdp_flattened", False) or getattr(tensor, "_is_flat_param", False)
+            or type(tensor).__name__ == "FlatParameter")
+
+
+def _fsdp1_line(module) -> str:
+    """One accurate line for an FSDP1 model, by how it was built."""
+    if getattr(module, "_use_orig_params", False):
+        how = ("with use_orig_params=True each original tensor is a view into a flat "
+               "parameter, whose gradients accumulate into the flat one, not into the tensor")
+    else:
+        how = ("with use_orig_params=False its flat parameters replace the model's tensors, "
+               "so names, gradients and optimizer membership are not per tensor")
+    return f"diagkit does not observe FSDP1 (FullyShardedDataParallel) models: {how}. {SUPPORTED}"
+
+
+def refuse_flat_buffers(tensors: list[torch.Tensor], rows: list[dict]) -> None:
+    """An engine or optimizer wrapper diagkit does not know, by its signature: every tensor
+    the optimizers hold is 1-D, none of the model's and of none of its shapes, and together
+    (times the ranks, each holding its partition) they have about as many elements as the
+    model's trainable tensors, which no optimizer holds. The real bugs that look alike keep
+    something of the model: a stale head after a rebuild keeps its shapes, a module kept in a
+    plain list its 2-D weights, a scalar passed to forward sits beside held tensors."""
+    held = [k for k, row in enumerate(rows) if row["memberships"]]
+    shapes = {row["shape"] for row in rows if row["in_model"]}
+    if not held or any(rows[k]["in_model"] or tensors[k].dim() != 1
+                       or rows[k]["shape"] in shapes for k in held):
+        return
+    unheld = sum(row["numel"] for row in rows if row["in_model"] and row["requires_grad"])
+    world = _world()
+    flat = sum(rows[k]["numel"] for k in held)
+    if not unheld / 2 <= flat * world <= 2 * unheld + 1024 * world:  # ZeRO pads partitions
+        return
+    raise DiagkitError(
+        f"diagkit cannot observe this optimizer exactly: it holds {len(held)} flat 1-D "
+        f"tensor{'s' * (len(held) > 1)} ({flat:,} elements) that are none of the model's, and "
+        f"none of the model's trainable tensors ({unheld:,} elements): the flat buffers of an "
+        "engine or optimizer wrapper diagkit does not know (ZeRO partitions, a flattening "
+        "wrapper), so every verdict about membership would be wrong. Pass the torch "
+        f"optimizer over the model's own parameters. {SUPPORTED}")
+
+
+def _world() -> int:
+    """The process group's size (1 without one): a rank's flat partition is a share."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
