@@ -54,11 +54,9 @@ def _explain_frozen_but_changing(label, group, steps):
 def stalled(params, steps):
     """A step its optimizer skipped is not a change that failed to happen: only taken steps
     count. An optimizer that skipped every step still never steps, unless it skipped because
-    the gradients overflowed: that is `nonfinite_grad`'s finding, not a stall. Taken steps
-    whose gradient was exactly zero are `zero_gradient`'s (a unit behind a dead ReLU): no
-    optimizer is to blame that such a step changed nothing."""
+    the gradients overflowed: that is `nonfinite_grad`'s finding, not a stall."""
     used, skip = steps["used"].astype(bool), skipped(steps)
-    taken = per_tensor(params, steps, used & ~skip & ~(steps["grad_norm"] == 0))
+    taken = per_tensor(params, steps, used & ~skip)
     overflowed = per_tensor(params, steps, used & skip & steps["nonfinite"].astype(bool))
     never_taken = (per_tensor(params, steps, used) > 0) & (taken == 0) & (overflowed == 0)
     changed = per_tensor(params, steps, steps["changed"].astype(bool))
