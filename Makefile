@@ -17,7 +17,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0 -e '.[dev]'  # one resolve
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet -c constraints.txt torch==2.13.0 -e '.[dev]'  # one resolve
 	touch $(STAMP)
 
 # The browser tests need a real Chromium: Debian's, never a downloaded one.
@@ -39,7 +39,8 @@ demo: $(STAMP)
 	$(VENV)/bin/diagkit demo --out $(OUT)
 
 # Overhead of observation (time, memory, report build): prints a table, writes JSON.
-# ~10 min on 2 CPUs; `$(PY) benchmarks/overhead.py --quick` for a smoke run.
+# ~25 min on 2 CPUs (section I, the whole run, ~15 of them: `--skip whole` leaves it out);
+# `$(PY) benchmarks/overhead.py --quick` for a smoke run.
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py --out out/bench.json
 
