@@ -144,3 +144,17 @@ def run_job(cmd: list[str], *, timeout: float, env: dict | None = None,
             proc.communicate()
             raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def torchrun_program(folder: Path, program: str, nproc: int, env: dict, timeout: float):
+    """Run `program` (its source) as `job.py out.json` under a real torchrun of `nproc`
+    processes in `folder`, leaving none behind; rank 0's JSON from `out.json`."""
+    import json
+    import sys
+
+    (folder / "job.py").write_text(program)
+    done = run_job([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+                    "--max-restarts=0", "--standalone", "job.py", "out.json"],
+                   cwd=folder, env=env, timeout=timeout)
+    assert finished(done.returncode, done.stdout + done.stderr), done.stderr[-4000:]
+    return json.loads((folder / "out.json").read_text())

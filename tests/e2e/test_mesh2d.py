@@ -7,16 +7,14 @@ watches, to keep the test short."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from jobs import finished, run_job
+from jobs import torchrun_program
 
 pytestmark = pytest.mark.slow
 
@@ -100,13 +98,7 @@ SHAPES = {"up.weight": [16, 8], "up.bias": [16], "down.weight": [8, 16], "down.b
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("mesh2d")
-    (tmp / "job.py").write_text(PROGRAM)
-    done = run_job([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4",
-                    "--max-restarts=0", "--standalone", "job.py", "out.json"],
-                   cwd=tmp, env=ENV, timeout=400)
-    assert finished(done.returncode, done.stdout + done.stderr), done.stderr[-4000:]
-    return json.loads((tmp / "out.json").read_text())
+    return torchrun_program(tmp_path_factory.mktemp("mesh2d"), PROGRAM, 4, ENV, timeout=400)
 
 
 @pytest.mark.parametrize("layout", ["fsdp_tp", "hsdp"])

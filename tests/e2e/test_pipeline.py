@@ -7,15 +7,13 @@ across ranks. The one-shot watch and the whole-run watch, both in one job."""
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from jobs import finished, run_job
+from jobs import torchrun_program
 
 pytestmark = pytest.mark.slow
 
@@ -96,13 +94,7 @@ STAGES = {"first.weight": "0", "first.bias": "0", "second.weight": "1", "second.
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pipeline")
-    (tmp / "job.py").write_text(PROGRAM)
-    done = run_job([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                    "--max-restarts=0", "--standalone", "job.py", "out.json"],
-                   cwd=tmp, env=ENV, timeout=300)
-    assert finished(done.returncode, done.stdout + done.stderr), done.stderr[-4000:]
-    return json.loads((tmp / "out.json").read_text())
+    return torchrun_program(tmp_path_factory.mktemp("pipeline"), PROGRAM, 2, ENV, timeout=300)
 
 
 @pytest.mark.parametrize("how", ["once", "whole"])

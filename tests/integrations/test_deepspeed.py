@@ -7,15 +7,13 @@ built (whose groups ZeRO rewrote into flat partitions), each with a planted orph
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from jobs import finished, run_job
+from jobs import torchrun_program
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.slow
@@ -70,13 +68,7 @@ PROGRAM = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def lines(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("deepspeed")
-    (tmp / "job.py").write_text(PROGRAM)
-    done = run_job([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                    "--max-restarts=0", "--standalone", "job.py", "out.json"],
-                   cwd=tmp, env=ENV, timeout=300)
-    assert finished(done.returncode, done.stdout + done.stderr), done.stderr[-4000:]
-    return json.loads((tmp / "out.json").read_text())
+    return torchrun_program(tmp_path_factory.mktemp("deepspeed"), PROGRAM, 2, ENV, timeout=300)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
