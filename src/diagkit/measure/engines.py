@@ -6,8 +6,9 @@ module's tensors into one flat parameter; DeepSpeed ZeRO's optimizer holds flat 
 partitions, and under ZeRO-3 the model's parameters are empty placeholders between forwards;
 a custom optimizer wrapper may hold its own flat buffers. Judged as they stand, the whole model
 would be `orphan` and the buffers `not_in_model`: confidently wrong. So each is refused here,
-by name where the engine is known, and by its signature where it is not (`flat_buffers`). The
-README's "Distributed runs" section has the table of what is observed and what is refused.
+by name where the engine is known (`refuse_engines`), and by its signature where it is not
+(`refuse_flat_buffers`). The README's "Engines: what is observed, what is refused" has the
+table.
 Duck-typed: no engine is imported.
 """
 

@@ -75,8 +75,7 @@ def reduce_dims(t) -> tuple[int, ...]:
         elif not isinstance(placement, module.Replicate):
             raise DiagkitError(f"diagkit cannot observe a DTensor parameter with placement "
                                f"{placement!r} (only Shard, _StridedShard and Replicate): "
-                               f"shape "
-                               f"{tuple(t.shape)}")
+                               f"shape {tuple(t.shape)}")
     return tuple(dims)
 
 
