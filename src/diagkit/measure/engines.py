@@ -7,7 +7,9 @@ partitions, and under ZeRO-3 the model's parameters are empty placeholders betwe
 a custom optimizer wrapper may hold its own flat buffers. Judged as they stand, the whole model
 would be `orphan` and the buffers `not_in_model`: confidently wrong. So each is refused here,
 by name where the engine is known (`refuse_engines`), and by its signature where it is not
-(`refuse_flat_buffers`). The README's "Engines: what is observed, what is refused" has the
+(`refuse_flat_buffers`). DeepSpeed ZeRO is observed through its own optimizer
+(`measure.zero`); what is refused of it is the torch optimizer under it, or a ZeRO-3 model
+handed without ZeRO's optimizer. The README's "Engines: what is observed, what is refused" has the
 table.
 Duck-typed: no engine is imported.
 """
@@ -17,23 +19,27 @@ from __future__ import annotations
 import torch
 
 from ..core.errors import DiagkitError
+from .zero import is_zero
 
 SUPPORTED = ("Supported: DDP, FSDP2 (torch.distributed.fsdp.fully_shard), tensor parallelism "
-             "(DTensor parameters), or a plain module")
+             "(DTensor parameters), DeepSpeed ZeRO 1-3 (the engine and its optimizer), or a "
+             "plain module")
 
 
 def refuse_engines(model: torch.nn.Module, optimizers: list) -> None:
     """The engines known by name: FSDP1 (and its flat parameters wherever they are found),
-    DeepSpeed's engine and ZeRO-3's partitioned parameters."""
+    a DeepSpeed engine inside the model, and ZeRO-3's partitioned parameters without ZeRO's
+    optimizer (whose groups alone hold them)."""
     for module in model.modules():
         kind = type(module).__name__
         if kind == "FullyShardedDataParallel":
             raise DiagkitError(_fsdp1_line(module))
         if kind == "DeepSpeedEngine":
             raise DiagkitError(
-                "diagkit does not observe DeepSpeed engines yet: ZeRO's optimizer holds flat "
-                "fp32 partitions, not the model's tensors, so optimizer membership is not per "
-                f"tensor. {SUPPORTED}")
+                "diagkit watches a DeepSpeed engine passed as the model itself "
+                "(watch(engine) or watch(engine, engine.optimizer)), not one inside another "
+                f"module. {SUPPORTED}")
+    zero = any(is_zero(getattr(opt, "zero", None)) for opt in optimizers)
     held = [t for opt in optimizers for g in opt.param_groups for t in g["params"]]
     for tensor in [*model.parameters(), *held]:
         if _fsdp1_flattened(tensor):
@@ -44,11 +50,12 @@ def refuse_engines(model: torch.nn.Module, optimizers: list) -> None:
                 "gradients accumulate into it), so gradients and optimizer membership are not "
                 "per tensor (a module taken from under FullyShardedDataParallel is still "
                 f"flattened). {SUPPORTED}")
-        if hasattr(tensor, "ds_id") or hasattr(tensor, "ds_tensor"):
+        if (hasattr(tensor, "ds_id") or hasattr(tensor, "ds_tensor")) and not zero:
             raise DiagkitError(
-                "diagkit does not observe DeepSpeed ZeRO-3's partitioned parameters yet: "
-                "between forwards each is an empty placeholder of its rank's partition, and "
-                f"ZeRO's optimizer holds flat partitions, not the model's tensors. {SUPPORTED}")
+                "diagkit observes DeepSpeed ZeRO-3's partitioned parameters only with ZeRO's "
+                "own optimizer, whose groups hold them (the torch optimizer under it holds flat "
+                "partitions): pass the engine, watch(engine), or watch(engine.module, "
+                f"engine.optimizer). {SUPPORTED}")
 
 
 def _fsdp1_flattened(tensor) -> bool:
@@ -92,7 +99,8 @@ def refuse_flat_buffers(tensors: list[torch.Tensor], rows: list[dict]) -> None:
         f"none of the model's trainable tensors ({unheld:,} elements): the flat buffers of an "
         "engine or optimizer wrapper diagkit does not know (ZeRO partitions, a flattening "
         "wrapper), so every verdict about membership would be wrong. Pass the torch "
-        f"optimizer over the model's own parameters. {SUPPORTED}")
+        "optimizer over the model's own parameters (under DeepSpeed: the engine, or "
+        f"engine.optimizer, never the torch optimizer ZeRO wraps). {SUPPORTED}")
 
 
 def _world() -> int:

@@ -14,6 +14,7 @@ import torch
 from .engines import refuse_engines, refuse_flat_buffers
 from .shards import placement
 from .unregistered import find_paths
+from .zero import whole_numel, whole_shape
 
 
 @dataclasses.dataclass
@@ -106,14 +107,16 @@ def _name_by_path(model, tensors: list, rows: list[dict]) -> None:
 
 
 def _row(name, tensor, module, module_type, in_model):
+    """A tensor's static facts; a ZeRO-3 parameter's shape is the whole one (`measure.zero`)."""
+    numel = whole_numel(tensor)
     return {
         "name": name,
         "aliases": (),
         "module": module,
         "module_type": module_type,
-        "shape": tuple(tensor.shape),
-        "numel": tensor.numel(),
-        "bytes": tensor.numel() * tensor.element_size(),
+        "shape": whole_shape(tensor),
+        "numel": numel,
+        "bytes": numel * tensor.element_size(),
         "dtype": str(tensor.dtype),
         "device": str(tensor.device),
         "placement": placement(tensor),

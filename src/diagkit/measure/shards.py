@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..core.errors import DiagkitError
+from .zero import PARTITION, is_partitioned, partition, partition_group
 
 
 def _dtensor_module():
@@ -55,7 +56,10 @@ def any_sharded(model: torch.nn.Module) -> bool:
 
 
 def placement(t) -> str:
-    """'' for a plain tensor, else the DTensor's placements: the params table's `placement`."""
+    """'' for a plain tensor, else the DTensor's placements or ZeRO-3's partition: the params
+    table's `placement`."""
+    if is_partitioned(t):
+        return PARTITION
     return ", ".join(map(repr, t.placements)) if is_sharded(t) else ""
 
 
@@ -87,9 +91,12 @@ def _strided_shard():
 
 def measured_parts(tensors: list) -> tuple["ShardCombiner", bool, list]:
     """(the combiner of the sharded tensors, whether any is a DTensor, what is measured of each
-    tensor: itself, or this rank's part of it)."""
+    tensor: itself, this rank's shard of a DTensor, or its ZeRO-3 partition)."""
     sharded = any(map(is_sharded, tensors))
-    return ShardCombiner(tensors), sharded, [local(t) for t in tensors] if sharded else tensors
+    if not sharded and not any(map(is_partitioned, tensors)):
+        return ShardCombiner(tensors), False, tensors
+    return (ShardCombiner(tensors), sharded,
+            [partition(t) if is_partitioned(t) else local(t) for t in tensors])
 
 
 # The per-tensor values that are combined, in the order of the all-reduced vector.
@@ -98,25 +105,37 @@ _FLAGS = ("changed", "used", "nonfinite", "carried", "has_total")
 
 
 class ShardCombiner:
-    """The sharded tensors among `tensors`, grouped by (mesh, dims to reduce over)."""
+    """The sharded tensors among `tensors`, grouped by (mesh, dims to reduce over), and the
+    ZeRO-3 partitions, grouped by their process group. A partition's values are combined; its
+    gradient is not: each rank's hook saw the whole local gradient before ZeRO reduced it, as
+    under DDP, so it stays that rank's, folded as DDP's are."""
 
     def __init__(self, tensors: list[torch.Tensor]):
-        self.groups: list[tuple[list, np.ndarray, torch.device]] = []
+        # (process groups to reduce over, tensors, device, values only)
+        self.groups: list[tuple[list, np.ndarray, torch.device, bool]] = []
         by_key: dict[tuple, list[int]] = {}
         meshes = {}
         for k, t in enumerate(tensors):
-            if is_sharded(t):
+            if is_partitioned(t):
+                group = partition_group(t)
+                meshes[key := ("zero3", id(group))] = group
+                by_key.setdefault(key, []).append(k)
+            elif is_sharded(t):
                 dims = reduce_dims(t)
                 if dims:
                     key = (id(t.device_mesh), dims)
                     meshes[key] = t.device_mesh
                     by_key.setdefault(key, []).append(k)
         for key, ks in by_key.items():
+            ks_array = np.array(ks, dtype=np.int64)
+            if key[0] == "zero3":
+                self.groups.append(([meshes[key]], ks_array, partition(tensors[ks[0]]).device,
+                                    True))
+                continue
             mesh = meshes[key]
             groups = [mesh.get_group(d) for d in key[1]]
-            self.groups.append((groups, np.array(ks, dtype=np.int64),
-                                local(tensors[ks[0]]).device))
-        self.sharded = np.array(sorted(k for _, ks, _ in self.groups for k in ks),
+            self.groups.append((groups, ks_array, local(tensors[ks[0]]).device, False))
+        self.sharded = np.array(sorted(k for _, ks, _, _ in self.groups for k in ks),
                                 dtype=np.int64)
         # The tensors whose value fingerprint is taken to compare ranks: not the sharded ones,
         # whose ranks hold different parts by design (a float64 pass over every shard per
@@ -147,7 +166,10 @@ class ShardCombiner:
         """
         import torch.distributed as dist
 
-        for groups, ks, device in self.groups:
+        for groups, ks, device, values_only in self.groups:
+            if values_only:
+                _combine_values(v, ks, groups, device)
+                continue
             used, total = v["used"][ks], v["total"][ks]
             has_total = ~np.isnan(total)
             cols = [np.square(v["delta"][ks]), np.square(v["value"][ks]),
@@ -169,3 +191,19 @@ class ShardCombiner:
             v["checksum"][ks] = summed["checksum"]
             with np.errstate(divide="ignore", invalid="ignore"):
                 v["ratio"][ks] = np.where(value > 0, v["delta"][ks] / value, np.nan)
+
+
+def _combine_values(v: dict[str, np.ndarray], ks: np.ndarray, groups: list, device) -> None:
+    """A ZeRO-3 partition's change and value norms summed over its ranks, `changed` OR-ed."""
+    import torch.distributed as dist
+
+    cols = [np.square(v["delta"][ks]), np.square(v["value"][ks]), v["changed"][ks]]
+    vec = torch.tensor(np.column_stack(cols).astype(np.float64), device=device)
+    for group in groups:
+        dist.all_reduce(vec, group=group)
+    out = vec.cpu().numpy()
+    v["delta"][ks] = np.sqrt(out[:, 0])
+    v["value"][ks] = value = np.sqrt(out[:, 1])
+    v["changed"][ks] = out[:, 2] > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v["ratio"][ks] = np.where(value > 0, v["delta"][ks] / value, np.nan)

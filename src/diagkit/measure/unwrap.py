@@ -1,10 +1,12 @@
-"""The objects under the wrappers users hold: DDP, DataParallel and `torch.compile` modules,
-accelerate's `AcceleratedOptimizer`, Lightning's `LightningOptimizer`.
+"""The objects under the wrappers users hold: DDP, DataParallel, `torch.compile` and DeepSpeed
+engine modules, accelerate's `AcceleratedOptimizer`, Lightning's `LightningOptimizer`.
 
 `watch` is handed what the user's loop holds. Tensors are found by identity, so any wrapper
 that keeps the same parameter objects is seen through; hooks go on the innermost optimizer,
 because that is the one whose `step()` runs (a wrapper's own `step()` may skip it, as
-accelerate's does on a step its scaler skipped or while accumulating). Duck-typed: no framework
+accelerate's does on a step its scaler skipped or while accumulating). DeepSpeed's ZeRO
+optimizer is the exception: the torch optimizer under it holds flat partitions, so the search
+stops at ZeRO's and watches it through `measure.zero.ZeroView`. Duck-typed: no framework
 is imported. peft models are modules whose own names (`base_model.model.…`) are kept.
 """
 
@@ -13,10 +15,11 @@ from __future__ import annotations
 import torch
 
 from ..core.errors import DiagkitError
+from .zero import ZeroView, is_zero, view_of
 
 # attribute -> what a module wrapper keeps its wrapped module in
 _MODULE_WRAPPERS = {"DistributedDataParallel": "module", "DataParallel": "module",
-                    "OptimizedModule": "_orig_mod"}
+                    "OptimizedModule": "_orig_mod", "DeepSpeedEngine": "module"}
 
 
 def unwrap_model(model) -> tuple[torch.nn.Module, list[str]]:
@@ -56,9 +59,12 @@ def _modules_by_key(models: dict) -> tuple[torch.nn.Module, list[str]]:
     return torch.nn.ModuleDict(inner), wrappers
 
 
-def unwrap_optimizers(optimizer_or_list) -> list[torch.optim.Optimizer]:
+def unwrap_optimizers(optimizer_or_list, model=None) -> list[torch.optim.Optimizer]:
     """The torch optimizers under what was passed: one, or a list/tuple of them; None (or an
-    empty list) for a loop that updates its tensors by hand."""
+    empty list) for a loop that updates its tensors by hand, or for a DeepSpeed engine passed
+    as `model`, whose own optimizer it is."""
+    if optimizer_or_list is None and type(model).__name__ == "DeepSpeedEngine":
+        optimizer_or_list = getattr(model, "optimizer", None)
     if optimizer_or_list is None:
         return []
     items = (list(optimizer_or_list) if isinstance(optimizer_or_list, (list, tuple))
@@ -66,7 +72,9 @@ def unwrap_optimizers(optimizer_or_list) -> list[torch.optim.Optimizer]:
     found = []
     for item in items:
         opt = _innermost(item)
-        if not isinstance(opt, torch.optim.Optimizer):
+        if is_zero(opt):
+            opt = view_of(opt)
+        if not isinstance(opt, (torch.optim.Optimizer, ZeroView)):
             raise DiagkitError("watch needs torch optimizers (or wrappers of one), got "
                                f"{type(item).__name__}")
         if any(opt is seen for seen in found):
@@ -76,8 +84,11 @@ def unwrap_optimizers(optimizer_or_list) -> list[torch.optim.Optimizer]:
 
 
 def _innermost(opt):
-    """Follow `.optimizer` (accelerate) and `._optimizer` (Lightning) to the torch optimizer."""
+    """Follow `.optimizer` (accelerate) and `._optimizer` (Lightning) to the torch optimizer,
+    or to DeepSpeed's ZeRO optimizer."""
     for _ in range(8):
+        if is_zero(opt):
+            return opt
         inner = getattr(opt, "optimizer", None)
         if inner is None or inner is opt:
             inner = getattr(opt, "_optimizer", None)

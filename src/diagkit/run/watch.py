@@ -97,7 +97,7 @@ class Watch:
                             halt_on=halt_on)
         self.report = bool(report)
         inner, self.wrappers = unwrap_model(model)
-        optimizers = unwrap_optimizers(optimizer_or_list)
+        optimizers = unwrap_optimizers(optimizer_or_list, model)
         self.out = None if out is None else Path(out)
         self.inventory = take_inventory(inner, optimizers)
         self.sources = watch_sources(caller, optimizers) if caller is not None else []
