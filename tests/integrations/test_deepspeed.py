@@ -62,6 +62,8 @@ PROGRAM = textwrap.dedent('''
         cols = ["name", "shape", "placement", "lr", "weight_decay", "optimizer", "group"]
         return {"verdicts": {k: sorted(v) for k, v in d.verdicts().items()},
                 "errors": sorted({f.code for f in d.findings if f.severity == "error"}),
+                "fixes": [f.fix for f in d.findings if f.code == "orphan"],
+                "unused_advice": d.advice["find_unused_parameters"]["recommendation"],
                 "params": d.params[cols].astype(str).values.tolist(),
                 "steps": {f"{r.step} {r.name}": [r.grad_norm, r.delta_norm]
                           for r in d.steps.itertuples()}}
@@ -148,6 +150,17 @@ def test_the_planted_orphan_is_the_only_error(job, stage):
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
+def test_the_fix_is_deepspeeds_lever(job, stage):
+    """Watched as the engine or as engine.module + engine.optimizer alike: ZeRO takes no group
+    after it is built, and has no find_unused_parameters."""
+    (fix,) = job[f"{stage} True"]["fixes"]
+    assert "before deepspeed.initialize" in fix and "add_param_group" not in fix, fix
+    for planted in (True, False):
+        assert "runs under DeepSpeed" in job[f"{stage} {planted}"]["unused_advice"]
+    assert "DeepSpeed" not in job["ddp True"]["unused_advice"]
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_the_clean_twin_is_all_ok(job, stage):
     got = job[f"{stage} False"]
     assert got["errors"] == [] and set(got["verdicts"]) == {
@@ -186,3 +199,69 @@ def test_one_step_per_optimizer_step_through_accumulation_and_sub_groups(job):
     """2 observed steps of 2 micro-batches each end at the 4th `engine.step()`; before the fix
     ZeRO-3's sub-groups made 2 calls count as 3 steps."""
     assert job["accumulated"] == {"done_after": 4, "steps": [0, 1]}
+
+
+# ------------------------------------------------------------------ a --nproc target's engine
+TARGET = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head, self.head2 = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 4)
+
+        def forward(self, x):
+            h = torch.tanh(self.body(x))
+            return (self.head(h) + self.head2(h)).pow(2).mean()
+
+
+    def build(stage=3, planted=1):
+        import deepspeed
+        torch.manual_seed(0)
+        model = Net()
+        held = [p for n, p in model.named_parameters()
+                if not (planted and n.startswith("head2."))]
+        config = {"train_micro_batch_size_per_gpu": 4, "zero_allow_untested_optimizer": True,
+                  "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=torch.optim.Adam(held, lr=0.01), config=config)
+
+        def train_step(step):
+            loss = engine(torch.randn(4, 8))
+            engine.backward(loss)
+            engine.step()
+            return loss
+
+        return {"model": engine, "train_step": train_step, "steps": 3}
+''')
+
+
+@pytest.mark.parametrize("stage, planted", [(3, 1), (2, 0)])
+def test_a_target_returning_an_engine_under_nproc(tmp_path, stage, planted):
+    """`diagkit check --nproc 2` of a target whose model is the engine (no optimizer given:
+    the engine's own): the planted orphan is the only error, its twin all ok (exit 0)."""
+    import json
+    import sys
+
+    from jobs import run_job
+
+    (tmp_path / "ds_target.py").write_text(TARGET)
+    diagkit = str(Path(sys.executable).parent / "diagkit")
+    done = run_job([diagkit, "check", "ds_target.py:build", "--nproc", "2", "--arg",
+                    f"stage={stage}", "--arg", f"planted={planted}", "--json", "out.json"],
+                   cwd=tmp_path, env=ENV, timeout=300)
+    assert done.returncode == planted, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "out.json").read_text())
+    errors = {f["code"] for f in result["findings"] if f["severity"] == "error"}
+    assert errors == ({"orphan"} if planted else set())
+    params = result["params"]
+    names = [row["name"] for row in params]
+    assert sorted(names) == sorted(f"{m}.{p}" for m in ("body", "head", "head2")
+                                   for p in ("weight", "bias"))
+    by_name = {row["name"]: row for row in params}
+    assert tuple(by_name["head.weight"]["shape"]) == (4, 8)
+    assert by_name["head.weight"]["placement"] == ("ZeRO-3 partition" if stage == 3 else "")
+    if not planted:
+        assert all(row["verdicts"] == ["ok"] for row in params)

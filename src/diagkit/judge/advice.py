@@ -8,13 +8,15 @@ import pandas as pd
 
 from ..core.format import human_bytes
 from .findings import unused_tensors
+from ..core.schema import is_dtensor_placement
 
 
 def build_advice(params: pd.DataFrame, steps: pd.DataFrame, ddp: dict | None = None,
-                 cost: dict | None = None) -> dict:
+                 cost: dict | None = None, wrappers=None) -> dict:
     """The right DDP flags for this model as observed, each with its evidence. In a
     distributed run, `ddp` is what DDP itself reported and `cost` the measured price of
-    find_unused_parameters=True (see `diagkit.run.worker`)."""
+    find_unused_parameters=True (see `diagkit.run.worker`); `wrappers`: what the model was
+    given in (a DeepSpeed engine has no such flag)."""
     model_names = set(params.loc[params["in_model"].astype(bool), "name"])
     s = steps[steps["name"].isin(model_names)]
     if "rank" in s.columns:  # every (rank, step) is one observation of what DDP will see
@@ -25,7 +27,12 @@ def build_advice(params: pd.DataFrame, steps: pd.DataFrame, ddp: dict | None = N
     n_steps = int(s["step"].nunique()) if len(s) else 0
     missed = unused_tensors(params)
     fup = _find_unused(missed, n_steps, steps_word)
-    if _fully_sharded(params):
+    if "DeepSpeedEngine" in (wrappers or ()):
+        fup["recommendation"] = ("the model runs under DeepSpeed, which has no "
+                                 "find_unused_parameters: ZeRO reduces the gradients that exist "
+                                 "(its ignore_unused_parameters, true by default, lets it step "
+                                 "without the others). Under DDP: " + fup["recommendation"])
+    elif _fully_sharded(params):
         fup["recommendation"] = ("the model is sharded by FSDP2 (fully_shard), which has no "
                                  "find_unused_parameters: it reduces the gradients that exist. "
                                  "Under DDP: " + fup["recommendation"])
@@ -48,7 +55,7 @@ def _fully_sharded(params: pd.DataFrame) -> bool:
     """Whether every tensor of the model is a DTensor shard (FSDP2): DDP's flag does not apply."""
     in_model = params[params["in_model"].astype(bool)]
     return ("placement" in params and len(in_model) > 0
-            and bool((in_model["placement"].fillna("") != "").all()))
+            and bool(in_model["placement"].fillna("").map(is_dtensor_placement).all()))
 
 
 def _find_unused(missed: dict, n_steps: int, steps_word: str) -> dict:

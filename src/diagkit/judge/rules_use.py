@@ -4,6 +4,7 @@ Each rule is followed by the explanation of its findings (see `diagkit.judge.ver
 
 from __future__ import annotations
 
+from ..core.schema import is_dtensor_placement
 from .verdict import in_optimizer, per_tensor, rg_used_counts, verdict
 from .wording import accessor, iter_expr, params_expr, subject, trend
 
@@ -28,7 +29,12 @@ def _explain_orphan(label, group, steps):
     fix = f'optimizer.add_param_group({{"params": {expr}}})'
     freeze = (f"  — or, if it should stay fixed, freeze it: for p in {iter_expr(label, group)}: "
               "p.requires_grad_(False)")
-    if "placement" in group and (group["placement"].fillna("") != "").all():
+    if "DeepSpeedEngine" in (_context_wrappers(group) or ()):
+        return message + _UNDER_ZERO, (
+            "Put it in the torch optimizer's groups before deepspeed.initialize(model=..., "
+            "optimizer=...): ZeRO partitions only what that optimizer holds when the engine is "
+            f"built, and takes no group afterwards{freeze}")
+    if "placement" in group and group["placement"].fillna("").map(is_dtensor_placement).all():
         message += (" Its tensors are DTensor shards (FSDP2): an optimizer built before "
                     "`fully_shard` holds the tensors that fully_shard replaced (listed as "
                     "not_in_model), not these.")
@@ -44,6 +50,16 @@ def _explain_orphan(label, group, steps):
                     f"`not n.startswith(\"{top}\")` excludes it from the optimizer's groups.")
         return message, f"Include it explicitly, by identity: {fix}{freeze}"
     return message, f"Add it to an optimizer: {fix}{freeze}"
+
+
+_UNDER_ZERO = (" The model runs under DeepSpeed: ZeRO's optimizer was built from a torch "
+               "optimizer that did not hold it, so ZeRO neither partitions nor updates it.")
+
+
+def _context_wrappers(group):
+    """The wrappers the model was given in (`judge.findings.FindingContext`), None unknown."""
+    ctx = group.attrs.get("context")
+    return getattr(ctx, "wrappers", None)
 
 
 def _orphan_grad(steps, names) -> str:

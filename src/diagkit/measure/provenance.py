@@ -80,6 +80,11 @@ def record_optimizer_sources():
         base.__init__, base.add_param_group = orig_init, orig_add
 
 
+def class_name(opt) -> str:
+    """The optimizer's class as the user built it: ZeRO's, not diagkit's view of it."""
+    return getattr(opt, "class_name", type(opt).__name__)
+
+
 def sources_for(recorder: _Recorder, optimizers) -> list[dict]:
     """The records of the groups of `optimizers` (by identity, in the order diagkit numbers
     them), the latest note of each group winning."""
@@ -88,7 +93,7 @@ def sources_for(recorder: _Recorder, optimizers) -> list[dict]:
         for i, mine in enumerate(optimizers):
             if mine is opt:
                 found[(i, group)] = {"optimizer": i, "group": group,
-                                     "class": type(opt).__name__, **_group_lines(site, group)}
+                                     "class": class_name(opt), **_group_lines(site, group)}
     return [found[k] for k in sorted(found)]
 
 
@@ -108,7 +113,7 @@ def watch_sources(frame, optimizers) -> list[dict]:
             node = arg.elts[i] if isinstance(arg, (ast.List, ast.Tuple)) else arg
             built = _assignment(func or tree, node, stmt.lineno)
             for j in range(len(opt.param_groups)):
-                rec = {"optimizer": i, "group": j, "class": type(opt).__name__}
+                rec = {"optimizer": i, "group": j, "class": class_name(opt)}
                 rec.update(_from_call(site["file"], func or tree, built, j, "watch")
                            if built is not None and _outer_call(built) is not None
                            else _lines(site["file"], stmt, "watch_call"))

@@ -30,9 +30,10 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from ..core.errors import DiagkitError
+from ..core.schema import ZERO3_PARTITION
 
 ZERO_OPTIMIZERS = ("DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer_Stage3")
-PARTITION = "ZeRO-3 partition"  # the params table's `placement` of a ZeRO-3 parameter
+PARTITION = ZERO3_PARTITION  # the params table's `placement` of a ZeRO-3 parameter
 
 
 def is_zero(opt) -> bool:
@@ -114,6 +115,8 @@ class ZeroView:
         self._original = None  # ZeRO's own step while the wrapper stands in for it
 
     zero = property(lambda self: self._zero(), doc="The ZeRO optimizer viewed.")
+    class_name = property(lambda self: type(self.zero).__name__,
+                          doc="What the user holds: ZeRO's optimizer (sources, fix texts).")
 
     @property
     def state(self) -> dict:

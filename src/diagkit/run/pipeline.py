@@ -45,6 +45,12 @@ def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
     try:
         n_steps = resolve_steps(steps, setup.steps)
         check_run_options(steps=n_steps, delta=delta, every=every, sample=sample)
+        if restore and setup.engine is not None:
+            raise DiagkitError(
+                "diagkit cannot put a DeepSpeed engine back as it was after its steps (ZeRO "
+                "keeps its state in flat partitions): run a DeepSpeed target with --nproc N "
+                "(diagkit run TARGET --nproc 2), whose ranks are discarded afterwards, or "
+                "watch the engine in your own script: diagkit.watch(engine)")
         inventory = take_inventory(setup.model, setup.optimizers)
         if not inventory.tensors:
             raise DiagkitError("the model has no parameters and the optimizers hold none: "
@@ -79,6 +85,7 @@ def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
         "every": every,
         **({"sample": sample} if delta != "exact" else {}),
         **({"optimizer_sources": setup.optimizer_sources} if setup.optimizer_sources else {}),
+        **({"wrappers": ["DeepSpeedEngine"]} if setup.engine is not None else {}),
     }
     return Observation(observer.rows, observer.steps_table(), failure, meta)
 
@@ -139,7 +146,8 @@ def judge_observation(obs: Observation, *, checkpoint: LoadReport | None = None,
         findings=build_findings(params, obs.steps, check_errors, obs.failure, extra,
                                 sources=obs.meta.get("optimizer_sources", ()),
                                 context={"wrappers": obs.meta.get("wrappers"), "ddp": ddp}),
-        advice=build_advice(params, obs.steps, ddp=ddp, cost=cost), failure=obs.failure,
+        advice=build_advice(params, obs.steps, ddp=ddp, cost=cost,
+                            wrappers=obs.meta.get("wrappers")), failure=obs.failure,
         meta={**obs.meta, "steps_observed": observed,
               **({"not_measured": not_measured_on_meta()} if on_meta else {}),
               **({"not_judged": not_judged_without_optimizer()} if not held else {})},

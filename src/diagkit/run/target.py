@@ -18,9 +18,11 @@ from typing import Any
 
 import torch
 
-from ..core.errors import TargetError
+from ..core.errors import DiagkitError, TargetError
 from ..core.options import positive_int
 from ..measure.provenance import record_optimizer_sources, sources_for
+from ..measure.unwrap import unwrap_optimizers
+from ..measure.zero import ZeroView
 from . import deadline
 from .target_spec import no_file, no_module, split_spec
 
@@ -47,14 +49,33 @@ class Setup:
     lr_scheduler: Any = None
     # Where each optimizer group was built (`measure.provenance`), when diagkit saw it built.
     optimizer_sources: list = dataclasses.field(default_factory=list, repr=False)
+    # The DeepSpeed engine given as `model` (its module and ZeRO's optimizer are observed).
+    engine: Any = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self, optimizer=None):
         if optimizer is not None:
             if self.optimizers:
                 raise TargetError("give 'optimizer' or 'optimizers', not both")
             self.optimizers = optimizer
+        if type(self.model).__name__ == "DeepSpeedEngine":
+            self._see_through_engine()
         self.optimizers = _as_optimizer_list(self.optimizers)
         self.validate()
+
+    def _see_through_engine(self) -> None:
+        """A DeepSpeed engine as `model`: its module is observed under ZeRO's optimizer (the
+        engine's own when none is given; `measure.zero`). It runs its own backward and step,
+        so only a `train_step` can drive it."""
+        if self.train_step is None:
+            raise TargetError("a DeepSpeed engine runs its own backward and step: give "
+                              "'train_step' (loss = engine(batch); engine.backward(loss); "
+                              "engine.step()), not 'batch_fn' + 'loss_fn'")
+        self.engine = engine = self.model
+        try:
+            self.optimizers = unwrap_optimizers(self.optimizers or None, engine)
+        except DiagkitError as exc:
+            raise TargetError(str(exc)) from None
+        self.model = engine.module
 
     def validate(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
@@ -97,24 +118,25 @@ class Setup:
             raise TargetError(f"{origin} returned no 'model'")
         if "optimizer" in mapping and "optimizers" in mapping:
             raise TargetError(f"{origin} returned both 'optimizer' and 'optimizers': give one")
-        if "optimizer" not in mapping and "optimizers" not in mapping:
+        engine = type(mapping["model"]).__name__ == "DeepSpeedEngine"
+        if "optimizer" not in mapping and "optimizers" not in mapping and not engine:
             raise TargetError(f"{origin} returned no 'optimizer' (or 'optimizers')")
         kwargs = dict(mapping)
         kwargs["optimizers"] = (kwargs.pop("optimizer") if "optimizer" in kwargs
-                                else kwargs.pop("optimizers"))
+                                else kwargs.pop("optimizers", []))
         return cls(**kwargs)
 
 
 def _as_optimizer_list(value) -> list:
     if value is None:
         raise TargetError("no optimizer given: pass one torch.optim.Optimizer or a list of them")
-    items = [value] if isinstance(value, torch.optim.Optimizer) else value
+    items = [value] if isinstance(value, (torch.optim.Optimizer, ZeroView)) else value
     if not isinstance(items, Sequence) or isinstance(items, (str, bytes)):
         raise TargetError(f"'optimizer' must be a torch.optim.Optimizer or a list of them, "
                           f"got {_tname(value)}")
     items = list(items)
     for i, opt in enumerate(items):
-        if not isinstance(opt, torch.optim.Optimizer):
+        if not isinstance(opt, (torch.optim.Optimizer, ZeroView)):
             raise TargetError(f"optimizer {i} must be a torch.optim.Optimizer, got {_tname(opt)}")
     if not items:
         raise TargetError("the list of optimizers is empty")

@@ -31,6 +31,7 @@ from ..measure.run_clock import RunClock
 from ..measure.step_clock import StepClock
 from ..measure.step_state import LoopFacts
 from ..measure.unwrap import unwrap_model, unwrap_optimizers
+from ..measure.zero import ZeroView
 from . import watch_ends
 from .gather import RankChannel, distributed
 from .pipeline import Observation, judge_observation
@@ -98,6 +99,9 @@ class Watch:
         self.report = bool(report)
         inner, self.wrappers = unwrap_model(model)
         optimizers = unwrap_optimizers(optimizer_or_list, model)
+        if any(isinstance(o, ZeroView) for o in optimizers) and "DeepSpeedEngine" not in \
+                self.wrappers:  # engine.module + engine.optimizer: still under the engine
+            self.wrappers.append("DeepSpeedEngine")
         self.out = None if out is None else Path(out)
         self.inventory = take_inventory(inner, optimizers)
         self.sources = watch_sources(caller, optimizers) if caller is not None else []

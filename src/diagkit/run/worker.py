@@ -109,7 +109,9 @@ def _run(spec: dict, rank: int, files: _RankFiles) -> int:
         setup, applied = fix_for_ranks(setup, plan)
     files.progress("built", -1, None)
     # FSDP2 reduces the gradients itself: a DDP around it would reduce them twice.
-    wrapped_by_us = not isinstance(setup.model, DDP) and not any_sharded(setup.model)
+    # So does a DeepSpeed engine.
+    wrapped_by_us = (not isinstance(setup.model, DDP) and not any_sharded(setup.model)
+                     and setup.engine is None)
     fup = True if not plan or plan.get("find_unused_parameters") is None else bool(
         plan["find_unused_parameters"])
     observed, ddp, drawn = _wrap(setup, fup) if wrapped_by_us else (
