@@ -22,6 +22,8 @@ Prints a table with each measured ratio beside its goal and writes everything to
   I. the whole-run watch (`steps=None, every=100`): the whole block's time against plain,
      its unobserved steps, the wiring check per step on 500 and 5,000 tensors, and peak RSS
      over a long run of a tiny model (benchmarks/whole_run_time.py).
+  J. `diagkit.watch(engine)` on the GPT under a DeepSpeed ZeRO-3 engine (world 1 on gloo,
+     DeepSpeed's CPU accelerator) against that engine's plain step (benchmarks/zero_time.py).
   E. with --device cuda: the ~350M-parameter GPT on the GPU (step ratio per delta mode, host
      syncs and device bytes allocated per observed step, peak device memory per mode).
 
@@ -65,6 +67,7 @@ GOALS = {
     "report_seconds": 30.0,
     "import_seconds_over_torch": 1.0,   # import diagkit, after import torch
     "whole_run_ratio": 1.01,            # steps=None, every=100, over the run
+    "step_ratio_zero": 1.05,            # watch under a process group: issue 25's goal
 }
 HEAVY = ("pandas", "pyarrow", "matplotlib", "ipywidgets", "papermill", "torch.distributed.tensor")
 
@@ -696,7 +699,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the observed step")
     ap.add_argument("--out", default="out/bench.json", help="JSON output path")
     ap.add_argument("--skip", action="append", default=[],
-                    choices=["time", "watch", "fsdp", "memory", "report", "stride", "import",
+                    choices=["time", "watch", "fsdp", "zero", "memory", "report", "stride", "import",
                              "whole"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: the ~350M-parameter GPT variant on the GPU (time and memory)")
@@ -757,6 +760,12 @@ def main(argv=None) -> int:
         r = time_fsdp(build, "gpt", sz["gpt"], sz["rounds"]["gpt"], sz["steps_per_block"]["gpt"])
         result["fsdp_watch_time"] = {"gpt": r}
         lines += fsdp_lines("gpt", r, GOALS["step_ratio_gpt"])
+    if "zero" not in args.skip:
+        from zero_time import time_zero, zero_lines
+        print("[zero] gpt ...", file=sys.stderr, flush=True)
+        r = time_zero(build, "gpt", sz["gpt"], sz["rounds"]["gpt"], sz["steps_per_block"]["gpt"])
+        result["zero_watch_time"] = {"gpt": r}
+        lines += zero_lines("gpt", r, GOALS["step_ratio_zero"])
     if "memory" not in args.skip:
         result["memory"] = {}
         for kind in ("gpt", "small"):

@@ -122,6 +122,29 @@ PROGRAM = textwrap.dedent('''
     d = w.diagnosis
     out["accumulated"] = {"done_after": done_after,
                           "steps": None if d is None else sorted(set(d.steps["step"]))}
+    # fp16 under ZeRO-2, its loss scaler skipping step 1 (an overflow, forced): a step that
+    # still counts, with its tensors `skipped`, never `stalled`.
+    torch.manual_seed(0)
+    model = Net()
+    config = {"train_micro_batch_size_per_gpu": 4, "zero_allow_untested_optimizer": True,
+              "fp16": {"enabled": True, "initial_scale_power": 4},  # no overflow but ours
+              "zero_optimization": {"stage": 2}}
+    engine, zero, _, _ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.01), config=config)
+    w = diagkit.watch(engine, steps=3)
+    for i, x in enumerate(batches(3)):
+        loss = engine(x.half()).float() * (1e30 if i == 1 else 1.0)
+        engine.backward(loss)
+        engine.step()
+    d = w.diagnosis
+    if d is not None:
+        s = d.steps
+        out["fp16"] = {"verdicts": sorted({v for vs in d.verdicts().values() for v in vs}),
+                       "skipped_steps": sorted(set(s.loc[s["skipped"].astype(bool), "step"])),
+                       "all_skipped_at_1": bool(s.loc[s["step"] == 1, "skipped"].all()),
+                       "changed_at_1": bool(s.loc[s["step"] == 1, "changed"].any()),
+                       "skipped_optimizer_steps": d.meta["skipped_optimizer_steps"],
+                       "dtype": sorted(set(d.params["dtype"]))}
     if dist.get_rank() == 0:
         json.dump(out, open(sys.argv[1], "w"))
     dist.destroy_process_group()
@@ -199,6 +222,12 @@ def test_one_step_per_optimizer_step_through_accumulation_and_sub_groups(job):
     """2 observed steps of 2 micro-batches each end at the 4th `engine.step()`; before the fix
     ZeRO-3's sub-groups made 2 calls count as 3 steps."""
     assert job["accumulated"] == {"done_after": 4, "steps": [0, 1]}
+
+
+def test_an_fp16_step_the_loss_scaler_skipped_still_counts_as_skipped(job):
+    assert job["fp16"] == {"verdicts": ["ok"], "skipped_steps": [1], "all_skipped_at_1": True,
+                           "changed_at_1": False, "skipped_optimizer_steps": 1,
+                           "dtype": ["torch.float16"]}
 
 
 # ------------------------------------------------------------------ a --nproc target's engine

@@ -137,16 +137,25 @@ class ZeroView:
         return handle
 
     def _wrap(self) -> None:
-        """Stand in for ZeRO's `step` on the instance (its class is left alone)."""
+        """Stand in for ZeRO's `step` on the instance (its class is left alone).
+
+        The pre-hooks run once ZeRO's step has returned: only then is it known whether its
+        loss scaler skipped the step (fp16 overflow, `zero.overflow`), and on a skipped step
+        they do not run at all, as torch's GradScaler skips `optimizer.step()`: the observer
+        marks the tensors `skipped` (README, "Mixed precision"), and the step still counts.
+        Nothing they read changes inside ZeRO's step: ZeRO has already taken the gradients it
+        holds off the model's tensors (their `.grad` is None by then), and their
+        `requires_grad` and lr are left alone."""
         zero, view = self.zero, self
         own = "step" in vars(zero)
         original = zero.step
         self._original = (original, own)
 
         def step(*args, **kwargs):
-            for hook in list(view._pre.values()):
-                hook(view, args, kwargs)
             out = original(*args, **kwargs)
+            if not getattr(zero, "overflow", False):
+                for hook in list(view._pre.values()):
+                    hook(view, args, kwargs)
             for hook in list(view._post.values()):
                 hook(view, args, kwargs)
             return out
