@@ -21,8 +21,10 @@ PARAMS_COLUMNS: dict[str, str] = {
     "dtype": "e.g. 'torch.float32'",
     "device": "e.g. 'cpu', 'cuda:0'",
     "placement": "how the tensor is split over ranks: '' for a plain tensor, else a DTensor's "
-                 "placements (FSDP2: 'Shard(dim=0)'), or 'ZeRO-3 partition' (DeepSpeed "
-                 "ZeRO-3: each rank holds a flat slice); shape, numel and bytes are the whole "
+                 "placements (FSDP2: 'Shard(dim=0)'), 'ZeRO-3 partition' (DeepSpeed "
+                 "ZeRO-3) or 'FSDP1 flat slice' (FullyShardedDataParallel with "
+                 "use_orig_params=True): each rank holds a flat slice; shape, numel and bytes "
+                 "are the whole "
                  "tensor's",
     "stage": "the ranks that hold the tensor ('1', '0,2') when the ranks do not all hold the "
              "same tensors (pipeline stages); '' when every rank holds it, and without ranks",
@@ -81,11 +83,13 @@ DISTRIBUTED_STEPS_COLUMNS: dict[str, str] = {
 # Columns holding tuples: stored as lists on disk, turned back into tuples on load.
 # The `placement` of a DeepSpeed ZeRO-3 parameter: each rank holds a flat slice of it.
 ZERO3_PARTITION = "ZeRO-3 partition"
+# The `placement` of an FSDP1 original tensor (use_orig_params=True): each rank holds a slice.
+FSDP1_SLICE = "FSDP1 flat slice"
 
 
 def is_dtensor_placement(placement: str) -> bool:
     """Whether a `placement` value is a DTensor's (FSDP2, tensor parallelism)."""
-    return placement not in ("", ZERO3_PARTITION)
+    return placement not in ("", ZERO3_PARTITION, FSDP1_SLICE)
 
 
 TUPLE_COLUMNS = ("aliases", "shape", "memberships", "verdicts")

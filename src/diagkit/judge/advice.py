@@ -8,7 +8,7 @@ import pandas as pd
 
 from ..core.format import human_bytes
 from .findings import unused_tensors
-from ..core.schema import is_dtensor_placement
+from ..core.schema import FSDP1_SLICE, is_dtensor_placement
 
 
 def build_advice(params: pd.DataFrame, steps: pd.DataFrame, ddp: dict | None = None,
@@ -33,7 +33,8 @@ def build_advice(params: pd.DataFrame, steps: pd.DataFrame, ddp: dict | None = N
                                  "(its ignore_unused_parameters, true by default, lets it step "
                                  "without the others). Under DDP: " + fup["recommendation"])
     elif _fully_sharded(params):
-        fup["recommendation"] = ("the model is sharded by FSDP2 (fully_shard), which has no "
+        fup["recommendation"] = ("the model is sharded by FSDP (fully_shard, or "
+                                 "FullyShardedDataParallel), which has no "
                                  "find_unused_parameters: it reduces the gradients that exist. "
                                  "Under DDP: " + fup["recommendation"])
     if ddp is not None:
@@ -52,10 +53,12 @@ def build_advice(params: pd.DataFrame, steps: pd.DataFrame, ddp: dict | None = N
 
 
 def _fully_sharded(params: pd.DataFrame) -> bool:
-    """Whether every tensor of the model is a DTensor shard (FSDP2): DDP's flag does not apply."""
+    """Whether every tensor of the model is a DTensor shard (FSDP2) or an FSDP1 slice: DDP's
+    flag does not apply."""
     in_model = params[params["in_model"].astype(bool)]
-    return ("placement" in params and len(in_model) > 0
-            and bool(in_model["placement"].fillna("").map(is_dtensor_placement).all()))
+    placements = in_model["placement"].fillna("") if "placement" in params else None
+    return (placements is not None and len(in_model) > 0
+            and bool((placements.map(is_dtensor_placement) | (placements == FSDP1_SLICE)).all()))
 
 
 def _find_unused(missed: dict, n_steps: int, steps_word: str) -> dict:

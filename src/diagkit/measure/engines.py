@@ -2,7 +2,8 @@
 
 A verdict is only as good as the identity it rests on: optimizer membership is `is` between
 the optimizer's tensors and the model's. Some engines break that on purpose. FSDP1 merges a
-module's tensors into one flat parameter; DeepSpeed ZeRO's optimizer holds flat fp32
+module's tensors into one flat parameter (with use_orig_params=True it keeps them, observed
+through `measure.fsdp1`); DeepSpeed ZeRO's optimizer holds flat fp32
 partitions, and under ZeRO-3 the model's parameters are empty placeholders between forwards;
 a custom optimizer wrapper may hold its own flat buffers. Judged as they stand, the whole model
 would be `orphan` and the buffers `not_in_model`: confidently wrong. So each is refused here,
@@ -21,18 +22,20 @@ import torch
 from ..core.errors import DiagkitError
 from .zero import is_zero
 
-SUPPORTED = ("Supported: DDP, FSDP2 (torch.distributed.fsdp.fully_shard), tensor parallelism "
-             "(DTensor parameters), DeepSpeed ZeRO 1-3 (the engine and its optimizer), or a "
-             "plain module")
+SUPPORTED = ("Supported: DDP, FSDP2 (torch.distributed.fsdp.fully_shard), FSDP1 with "
+             "use_orig_params=True, tensor parallelism (DTensor parameters), DeepSpeed ZeRO 1-3 "
+             "(the engine and its optimizer), or a plain module")
 
 
-def refuse_engines(model: torch.nn.Module, optimizers: list) -> None:
-    """The engines known by name: FSDP1 (and its flat parameters wherever they are found),
-    a DeepSpeed engine inside the model, and ZeRO-3's partitioned parameters without ZeRO's
-    optimizer (whose groups alone hold them)."""
+def refuse_engines(model: torch.nn.Module, optimizers: list, fsdp1: dict) -> None:
+    """The engines known by name: FSDP1 with `use_orig_params=False`, its flat parameters
+    wherever they are found, and its original tensors away from their units (`fsdp1`: those
+    watched through their units, `measure.fsdp1.slices`); a DeepSpeed engine inside the model,
+    and ZeRO-3's partitioned parameters without ZeRO's optimizer (whose groups alone hold
+    them)."""
     for module in model.modules():
         kind = type(module).__name__
-        if kind == "FullyShardedDataParallel":
+        if kind == "FullyShardedDataParallel" and not getattr(module, "_use_orig_params", False):
             raise DiagkitError(_fsdp1_line(module))
         if kind == "DeepSpeedEngine":
             raise DiagkitError(
@@ -42,14 +45,16 @@ def refuse_engines(model: torch.nn.Module, optimizers: list) -> None:
     zero = any(is_zero(getattr(opt, "zero", None)) for opt in optimizers)
     held = [t for opt in optimizers for g in opt.param_groups for t in g["params"]]
     for tensor in [*model.parameters(), *held]:
-        if _fsdp1_flattened(tensor):
+        if _fsdp1_flattened(tensor) and id(tensor) not in fsdp1:
             raise DiagkitError(
-                "diagkit does not observe FSDP1's flat parameters: this module (or its "
-                "optimizer) holds FSDP1's flattened tensors (a FlatParameter, which merges the "
-                "model's tensors into one, or with use_orig_params=True views into one, whose "
-                "gradients accumulate into it), so gradients and optimizer membership are not "
-                "per tensor (a module taken from under FullyShardedDataParallel is still "
-                f"flattened). {SUPPORTED}")
+                "diagkit does not observe FSDP1's flat parameters away from their "
+                "FullyShardedDataParallel: this module (or its optimizer) holds FSDP1's "
+                "flattened tensors (a FlatParameter, which merges the model's tensors into one, "
+                "or with use_orig_params=True views into one, whose gradients reach only the "
+                "views FSDP makes inside its forward), so gradients and optimizer membership "
+                "are not per tensor here (a module taken from under FullyShardedDataParallel is "
+                "still flattened): pass the FullyShardedDataParallel model itself, built with "
+                f"use_orig_params=True. {SUPPORTED}")
         if (hasattr(tensor, "ds_id") or hasattr(tensor, "ds_tensor")) and not zero:
             raise DiagkitError(
                 "diagkit observes DeepSpeed ZeRO-3's partitioned parameters only with ZeRO's "
@@ -66,14 +71,11 @@ def _fsdp1_flattened(tensor) -> bool:
 
 
 def _fsdp1_line(module) -> str:
-    """One accurate line for an FSDP1 model, by how it was built."""
-    if getattr(module, "_use_orig_params", False):
-        how = ("with use_orig_params=True each original tensor is a view into a flat "
-               "parameter, whose gradients accumulate into the flat one, not into the tensor")
-    else:
-        how = ("with use_orig_params=False its flat parameters replace the model's tensors, "
-               "so names, gradients and optimizer membership are not per tensor")
-    return f"diagkit does not observe FSDP1 (FullyShardedDataParallel) models: {how}. {SUPPORTED}"
+    """One accurate line for an FSDP1 model built with use_orig_params=False."""
+    return ("diagkit does not observe FSDP1 (FullyShardedDataParallel) models built with "
+            "use_orig_params=False: their flat parameters replace the model's tensors, so "
+            "names, gradients and optimizer membership are not per tensor. Build it with "
+            f"use_orig_params=True. {SUPPORTED}")
 
 
 def refuse_flat_buffers(tensors: list[torch.Tensor], rows: list[dict]) -> None:

@@ -90,6 +90,26 @@ class BackwardHooks:
             for k in [k for k in st.carried if holds[k]]:
                 st.recheck_carried(k, local(self.obs.tensors[k].grad), restart_own=False)
 
+    def hook_for(self, k: int) -> Callable:
+        """The hook of tensor k on a view of it that autograd reaches instead (FSDP1:
+        `measure.fsdp1.ViewHooks`); inert while no step is observed. The view's gradient is
+        the tensor's own, whole and local, as a hook on the tensor would see it under DDP;
+        its `.grad` is FSDP's (this rank's slice, reduced), so the fresh gradient is always
+        kept from the hooks (`own_grad`), and a `.grad` there at the first one is carried."""
+        obs, tensor = self.obs, self.obs.tensors[k]
+
+        def hook(grad):
+            if not obs.active:
+                return None
+            st = self._touch(k)
+            if not st.used[k]:
+                st.used[k] = True
+                if tensor.grad is not None:
+                    st.carried[k] = max_abs(tensor.grad)
+            st.own_grad[k] = grad if k not in st.own_grad else st.own_grad[k] + grad
+            return None
+        return hook
+
     def _hook(self, k: int) -> Callable:
         obs, tensor = self.obs, self.obs.tensors[k]
 

@@ -7,11 +7,14 @@ Identity is the only key: tied weights are one tensor with aliases, and optimize
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import torch
 
+from ..core.schema import FSDP1_SLICE
 from .engines import refuse_engines, refuse_flat_buffers
+from .fsdp1 import clean_name, slices
 from .shards import placement
 from .unregistered import find_paths
 from .zero import whole_numel, whole_shape
@@ -27,6 +30,8 @@ class Inventory:
     first_group: list[tuple[int, int] | None]
     # The model the tensors come from: where `diagkit.measure.unregistered` names what it finds.
     model: torch.nn.Module | None = None
+    # k -> `measure.fsdp1.Slice` of each FSDP1 original tensor (use_orig_params=True).
+    slices: dict = dataclasses.field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
@@ -49,7 +54,8 @@ class Inventory:
 def take_inventory(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> Inventory:
     """The tensors of `model` and `optimizers`, by identity; an engine whose tensors are not
     the model's is refused in one line (`measure.engines`), never judged."""
-    refuse_engines(model, optimizers)
+    fsdp1 = slices(model)
+    refuse_engines(model, optimizers, fsdp1)
     tensors: list[torch.Tensor] = []
     rows: list[dict] = []
     index: dict[int, int] = {}
@@ -58,12 +64,13 @@ def take_inventory(model: torch.nn.Module, optimizers: list[torch.optim.Optimize
     for name, tensor in model.named_parameters(remove_duplicate=False):
         key = id(tensor)
         if key in index:
-            rows[index[key]]["aliases"] += (name,)
+            rows[index[key]]["aliases"] += (clean_name(name),)
             continue
         index[key] = len(tensors)
         tensors.append(tensor)
         module = name.rpartition(".")[0]
-        rows.append(_row(name, tensor, module, type(modules[module]).__name__, in_model=True))
+        rows.append(_row(clean_name(name), tensor, clean_name(module),
+                         type(modules[module]).__name__, in_model=True, fsdp1=fsdp1))
 
     memberships: dict[int, list[tuple[int, int]]] = {}
     for i, opt in enumerate(optimizers):
@@ -89,7 +96,8 @@ def take_inventory(model: torch.nn.Module, optimizers: list[torch.optim.Optimize
         first_group.append(pairs[0] if pairs else None)
         row["lr"], row["weight_decay"] = _hyper(optimizers, pairs)
     refuse_flat_buffers(tensors, rows)
-    return Inventory(tensors=tensors, rows=rows, first_group=first_group, model=model)
+    return Inventory(tensors=tensors, rows=rows, first_group=first_group, model=model,
+                     slices={k: fsdp1[id(t)] for k, t in enumerate(tensors) if id(t) in fsdp1})
 
 
 def _name_by_path(model, tensors: list, rows: list[dict]) -> None:
@@ -106,20 +114,23 @@ def _name_by_path(model, tensors: list, rows: list[dict]) -> None:
             rows[k].update(name=found[0], module=found[1], module_type=found[2])
 
 
-def _row(name, tensor, module, module_type, in_model):
-    """A tensor's static facts; a ZeRO-3 parameter's shape is the whole one (`measure.zero`)."""
-    numel = whole_numel(tensor)
+def _row(name, tensor, module, module_type, in_model, fsdp1=None):
+    """A tensor's static facts; a ZeRO-3 parameter's or an FSDP1 slice's shape is the whole
+    one (`measure.zero`, `measure.fsdp1`)."""
+    sliced = (fsdp1 or {}).get(id(tensor))
+    shape = sliced.shape if sliced is not None else whole_shape(tensor)
+    numel = math.prod(shape) if sliced is not None else whole_numel(tensor)
     return {
         "name": name,
         "aliases": (),
         "module": module,
         "module_type": module_type,
-        "shape": whole_shape(tensor),
+        "shape": shape,
         "numel": numel,
         "bytes": numel * tensor.element_size(),
         "dtype": str(tensor.dtype),
         "device": str(tensor.device),
-        "placement": placement(tensor),
+        "placement": FSDP1_SLICE if sliced is not None else placement(tensor),
         "stage": "",
         "in_model": in_model,
         "requires_grad": tensor.requires_grad,

@@ -72,7 +72,7 @@ class Observer:
         self._lr_slots, self._slot_of = inventory.lr_slots()
         held = {int(k) for ks in self._held_by for k in ks}
         # What is measured of each tensor: itself, or this rank's shard of a DTensor (FSDP2).
-        self.shards, self.sharded, self.local = measured_parts(self.tensors)
+        self.shards, self.sharded, self.local = measured_parts(self.tensors, inventory.slices)
         self.probe = make_probe(delta, self.local, {k for k, t in enumerate(self.tensors)
                                                     if not t.requires_grad or k not in held},
                                 sample)

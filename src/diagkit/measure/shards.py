@@ -89,14 +89,16 @@ def _strided_shard():
     return getattr(types, "_StridedShard", None)
 
 
-def measured_parts(tensors: list) -> tuple["ShardCombiner", bool, list]:
+def measured_parts(tensors: list, slices: dict | None = None) -> tuple["ShardCombiner", bool,
+                                                                     list]:
     """(the combiner of the sharded tensors, whether any is a DTensor, what is measured of each
-    tensor: itself, this rank's shard of a DTensor, or its ZeRO-3 partition)."""
+    tensor: itself, this rank's shard of a DTensor, or its ZeRO-3 partition). `slices`: k ->
+    `measure.fsdp1.Slice` of the FSDP1 tensors, each itself this rank's slice."""
     sharded = any(map(is_sharded, tensors))
+    combiner = ShardCombiner(tensors, slices or {})
     if not sharded and not any(map(is_partitioned, tensors)):
-        return ShardCombiner(tensors), False, tensors
-    return (ShardCombiner(tensors), sharded,
-            [partition(t) if is_partitioned(t) else local(t) for t in tensors])
+        return combiner, False, tensors
+    return combiner, sharded, [partition(t) if is_partitioned(t) else local(t) for t in tensors]
 
 
 # The per-tensor values that are combined, in the order of the all-reduced vector.
@@ -105,18 +107,23 @@ _FLAGS = ("changed", "used", "nonfinite", "carried", "has_total")
 
 
 class ShardCombiner:
-    """The sharded tensors among `tensors`, grouped by (mesh, dims to reduce over), and the
-    ZeRO-3 partitions, grouped by their process group. A partition's values are combined; its
-    gradient is not: each rank's hook saw the whole local gradient before ZeRO reduced it, as
-    under DDP, so it stays that rank's, folded as DDP's are."""
+    """The sharded tensors among `tensors`, grouped by (mesh, dims to reduce over), the FSDP1
+    slices and the ZeRO-3 partitions, grouped by their process group. A partition's or a
+    slice's values are combined, and a slice's `.grad` (FSDP1 reduce-scatters it); their fresh
+    gradient is not: each rank's hook saw the whole local gradient before the engine reduced
+    it, as under DDP, so it stays that rank's, folded as DDP's are."""
 
-    def __init__(self, tensors: list[torch.Tensor]):
-        # (process groups to reduce over, tensors, device, values only)
-        self.groups: list[tuple[list, np.ndarray, torch.device, bool]] = []
+    def __init__(self, tensors: list[torch.Tensor], slices: dict | None = None):
+        # (process groups to reduce over, tensors, device, what is combined: "all", "values",
+        # "values and .grad")
+        self.groups: list[tuple[list, np.ndarray, torch.device, str]] = []
         by_key: dict[tuple, list[int]] = {}
         meshes = {}
         for k, t in enumerate(tensors):
-            if is_partitioned(t):
+            if k in (slices or {}):  # an FSDP1 slice: everything summed, as FSDP2's shards
+                meshes[key := ("fsdp1", id(slices[k].group))] = slices[k].group
+                by_key.setdefault(key, []).append(k)
+            elif is_partitioned(t):
                 group = partition_group(t)
                 meshes[key := ("zero3", id(group))] = group
                 by_key.setdefault(key, []).append(k)
@@ -130,11 +137,15 @@ class ShardCombiner:
             ks_array = np.array(ks, dtype=np.int64)
             if key[0] == "zero3":
                 self.groups.append(([meshes[key]], ks_array, partition(tensors[ks[0]]).device,
-                                    True))
+                                    "values"))
+                continue
+            if key[0] == "fsdp1":
+                self.groups.append(([meshes[key]], ks_array, tensors[ks[0]].device,
+                                    "values and .grad"))
                 continue
             mesh = meshes[key]
             groups = [mesh.get_group(d) for d in key[1]]
-            self.groups.append((groups, ks_array, local(tensors[ks[0]]).device, False))
+            self.groups.append((groups, ks_array, local(tensors[ks[0]]).device, "all"))
         self.sharded = np.array(sorted(k for _, ks, _, _ in self.groups for k in ks),
                                 dtype=np.int64)
         # The tensors whose value fingerprint is taken to compare ranks: not the sharded ones,
@@ -166,9 +177,9 @@ class ShardCombiner:
         """
         import torch.distributed as dist
 
-        for groups, ks, device, values_only in self.groups:
-            if values_only:
-                _combine_values(v, ks, groups, device)
+        for groups, ks, device, what in self.groups:
+            if what != "all":
+                _combine_values(v, ks, groups, device, with_grad=what == "values and .grad")
                 continue
             used, total = v["used"][ks], v["total"][ks]
             has_total = ~np.isnan(total)
@@ -193,11 +204,18 @@ class ShardCombiner:
                 v["ratio"][ks] = np.where(value > 0, v["delta"][ks] / value, np.nan)
 
 
-def _combine_values(v: dict[str, np.ndarray], ks: np.ndarray, groups: list, device) -> None:
-    """A ZeRO-3 partition's change and value norms summed over its ranks, `changed` OR-ed."""
+def _combine_values(v: dict[str, np.ndarray], ks: np.ndarray, groups: list, device,
+                    with_grad: bool) -> None:
+    """A partition's or slice's change and value norms summed over its ranks, `changed`
+    OR-ed; `with_grad`: the `.grad` each rank holds a slice of too (its norm, `carried`). A
+    rank that holds none of it (NaN: nothing measured) adds nothing."""
     import torch.distributed as dist
 
+    total = v["total"][ks]
+    has_total = ~np.isnan(total)
     cols = [np.square(v["delta"][ks]), np.square(v["value"][ks]), v["changed"][ks]]
+    if with_grad:
+        cols += [np.where(has_total, np.square(total), 0.0), has_total, v["carried"][ks]]
     vec = torch.tensor(np.column_stack(cols).astype(np.float64), device=device)
     for group in groups:
         dist.all_reduce(vec, group=group)
@@ -205,5 +223,8 @@ def _combine_values(v: dict[str, np.ndarray], ks: np.ndarray, groups: list, devi
     v["delta"][ks] = np.sqrt(out[:, 0])
     v["value"][ks] = value = np.sqrt(out[:, 1])
     v["changed"][ks] = out[:, 2] > 0
+    if with_grad:
+        v["total"][ks] = np.where(out[:, 4] > 0, np.sqrt(out[:, 3]), np.nan)
+        v["carried"][ks] = out[:, 5] > 0
     with np.errstate(divide="ignore", invalid="ignore"):
         v["ratio"][ks] = np.where(value > 0, v["delta"][ks] / value, np.nan)

@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 
 from .earned_share import EarnedShare
+from .fsdp1 import ViewHooks
 from .gradients import BackwardHooks, GradientStrategy, OptimizerShare
 
 
@@ -40,7 +41,9 @@ def plan_strategies(obs, held_by: list[np.ndarray], handles: list) -> Plan:
     # A share's tensors are read by the share; an earned one's by the pre-hook until earned.
     read_by = [np.setdiff1d(ks, next((s.idx for s in shares if s.optimizer == i), ks[:0]))
                for i, ks in enumerate(held_by)]
-    return Plan([hooks, *shares, *earned], earned, read_by)
+    views = ([ViewHooks(obs.inv.model, obs.tensors, hooks.hook_for, lambda: obs.active)]
+             if obs.inv.slices else [])  # FSDP1: autograd reaches the views, not the tensors
+    return Plan([hooks, *views, *shares, *earned], earned, read_by)
 
 
 def _share_indices(n: int, held_by: list[np.ndarray]) -> list[tuple[int, np.ndarray]]:

@@ -188,8 +188,9 @@ class Unregistered:
     def _discover(self) -> None:
         started = time.perf_counter()
         taken = self.known | {id(t) for t in self.tensors} | self._inputs
+        # FSDP1's flat parameters stand for the model's own tensors (`measure.fsdp1`)
         new = [t for t in graph_leaves(self._roots) if id(t) not in taken and t.requires_grad
-               and (t.grad is not None or self.meta)]
+               and (t.grad is not None or self.meta) and not getattr(t, "_is_flat_param", False)]
         new = list({id(t): t for t in new}.values())
         paths = find_paths(self.model, {id(t) for t in new}) if new else {}
         new.sort(key=lambda t: (id(t) not in paths, paths.get(id(t), ("",))[0]))
