@@ -36,6 +36,7 @@ observed step (the hot spots are printed and stored in the JSON).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import cProfile
 import datetime
 import io
@@ -760,7 +761,9 @@ def main(argv=None) -> int:
         r = time_fsdp(build, "gpt", sz["gpt"], sz["rounds"]["gpt"], sz["steps_per_block"]["gpt"])
         result["fsdp_watch_time"] = {"gpt": r}
         lines += fsdp_lines("gpt", r, GOALS["step_ratio_gpt"])
-    if "zero" not in args.skip:
+    if "zero" not in args.skip and importlib.util.find_spec("deepspeed") is None:
+        lines.append(("DeepSpeed ZeRO-3 (J)", "skipped: deepspeed is not installed", "-", "-"))
+    elif "zero" not in args.skip:
         from zero_time import time_zero, zero_lines
         print("[zero] gpt ...", file=sys.stderr, flush=True)
         r = time_zero(build, "gpt", sz["gpt"], sz["rounds"]["gpt"], sz["steps_per_block"]["gpt"])
