@@ -120,7 +120,7 @@ def test_the_clean_twin_is_all_ok(job, nested):
     got = job[f"fsdp1 {nested} False"]
     assert got["errors"] == [] and len(got["verdicts"]) == 6
     assert all(v == ["ok"] for v in got["verdicts"].values())
-    assert "sharded by FSDP" in got["unused_advice"]
+    assert "sharded by FSDP1 (FullyShardedDataParallel)" in got["unused_advice"]
 
 
 @pytest.mark.parametrize("planted", [True, False])

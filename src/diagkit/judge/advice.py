@@ -32,9 +32,8 @@ def build_advice(params: pd.DataFrame, steps: pd.DataFrame, ddp: dict | None = N
                                  "find_unused_parameters: ZeRO reduces the gradients that exist "
                                  "(its ignore_unused_parameters, true by default, lets it step "
                                  "without the others). Under DDP: " + fup["recommendation"])
-    elif _fully_sharded(params):
-        fup["recommendation"] = ("the model is sharded by FSDP (fully_shard, or "
-                                 "FullyShardedDataParallel), which has no "
+    elif _sharded_by(params):
+        fup["recommendation"] = (f"the model is sharded by {_sharded_by(params)}, which has no "
                                  "find_unused_parameters: it reduces the gradients that exist. "
                                  "Under DDP: " + fup["recommendation"])
     if ddp is not None:
@@ -52,13 +51,18 @@ def build_advice(params: pd.DataFrame, steps: pd.DataFrame, ddp: dict | None = N
             "steps": n_steps}
 
 
-def _fully_sharded(params: pd.DataFrame) -> bool:
-    """Whether every tensor of the model is a DTensor shard (FSDP2) or an FSDP1 slice: DDP's
-    flag does not apply."""
+def _sharded_by(params: pd.DataFrame) -> str | None:
+    """Which FSDP shards every tensor of the model (DTensor shards: FSDP2; slices: FSDP1), or
+    None: DDP's flag does not apply to either."""
     in_model = params[params["in_model"].astype(bool)]
-    placements = in_model["placement"].fillna("") if "placement" in params else None
-    return (placements is not None and len(in_model) > 0
-            and bool((placements.map(is_dtensor_placement) | (placements == FSDP1_SLICE)).all()))
+    if "placement" not in params or not len(in_model):
+        return None
+    placements = in_model["placement"].fillna("")
+    if placements.map(is_dtensor_placement).all():
+        return "FSDP2 (fully_shard)"
+    if (placements == FSDP1_SLICE).all():
+        return "FSDP1 (FullyShardedDataParallel)"
+    return None
 
 
 def _find_unused(missed: dict, n_steps: int, steps_word: str) -> dict:
