@@ -93,8 +93,10 @@ PROGRAM = textwrap.dedent('''
         out[f"ddp {planted}"] = summary(w)
     for stage in (1, 2, 3):
         for planted in (True, False):
-            # under ZeRO-3 every tensor partitioned, none kept whole for being small
-            engine, zero, opt = engine_of(stage, planted, stage3_param_persistence_threshold=0)
+            # under ZeRO-3 every tensor partitioned, none kept whole for being small; the
+            # gradients copied into small buckets and freed inside the backward (overlap_comm)
+            engine, zero, opt = engine_of(stage, planted, stage3_param_persistence_threshold=0,
+                                          overlap_comm=stage > 1, reduce_bucket_size=16)
             if planted:
                 try:
                     diagkit.watch(engine.module, opt, steps=STEPS)

@@ -48,9 +48,12 @@ class BackwardHooks:
     """A hook on each of the tensors `ks`, frozen ones too (a tensor unfrozen mid-run must be
     observed). `observer` supplies the step in progress (`active`, `state`)."""
 
-    def __init__(self, observer, ks: list[int]):
+    def __init__(self, observer, ks: list[int], keep_own: bool = False):
         self.obs = observer
         self.ks = ks
+        # An engine frees .grad inside the backward (DeepSpeed ZeRO with overlap_comm copies
+        # each into its buckets): the gradient is kept from the hooks instead (`hook_for`).
+        self.keep_own = keep_own
         self.by_tensor: dict[int, object] = {}  # k -> its hook's handle
         # A sharded tensor's .grad when its hook last fired: (weak reference, version).
         self.last_sharded: dict[int, tuple] = {}
@@ -65,7 +68,8 @@ class BackwardHooks:
                     t.requires_grad_(True)
                 handles.append(handle := (
                     t.register_post_accumulate_grad_hook(self._sharded_hook(k))
-                    if is_sharded(t) else t.register_hook(self._hook(k))))
+                    if is_sharded(t) else t.register_hook(
+                        self.hook_for(k) if self.keep_own else self._hook(k))))
                 self.by_tensor[k] = handle
             except RuntimeError:  # not a leaf we can hook: observed through values only
                 pass
@@ -91,11 +95,12 @@ class BackwardHooks:
                 st.recheck_carried(k, local(self.obs.tensors[k].grad), restart_own=False)
 
     def hook_for(self, k: int) -> Callable:
-        """The hook of tensor k on a view of it that autograd reaches instead (FSDP1:
-        `measure.fsdp1.ViewHooks`); inert while no step is observed. The view's gradient is
-        the tensor's own, whole and local, as a hook on the tensor would see it under DDP;
-        its `.grad` is FSDP's (this rank's slice, reduced), so the fresh gradient is always
-        kept from the hooks (`own_grad`), and a `.grad` there at the first one is carried."""
+        """The hook of tensor k where its `.grad` is not the gradient the backward made: on a
+        view of it that autograd reaches instead (FSDP1: `measure.fsdp1.ViewHooks`; `.grad`
+        is FSDP's, this rank's slice, reduced), or on a tensor whose `.grad` an engine frees
+        (`keep_own`). Inert while no step is observed. The gradient it sees is the tensor's
+        own, whole and local, as under DDP; it is kept (`own_grad`, summed over the step's
+        backwards) until the backward ends, and a `.grad` there at the first one is carried."""
         obs, tensor = self.obs, self.obs.tensors[k]
 
         def hook(grad):

@@ -15,6 +15,7 @@ import numpy as np
 
 from .earned_share import EarnedShare
 from .fsdp1 import ViewHooks
+from .zero import ZeroView
 from .gradients import BackwardHooks, GradientStrategy, OptimizerShare
 
 
@@ -35,7 +36,8 @@ def plan_strategies(obs, held_by: list[np.ndarray], handles: list) -> Plan:
     shared = np.zeros(obs.n, dtype=bool)
     for share in shares:
         shared[share.idx] = True
-    hooks = BackwardHooks(obs, np.flatnonzero(~shared).tolist())
+    hooks = BackwardHooks(obs, np.flatnonzero(~shared).tolist(),
+                          keep_own=any(isinstance(o, ZeroView) for o in obs.optimizers))
     earned = ([EarnedShare(obs, i, mine, *args, hooks, handles) for i, mine in parts]
               if loop.may_earn_shares and not loop.hookless_shares else [])
     # A share's tensors are read by the share; an earned one's by the pre-hook until earned.
