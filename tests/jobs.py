@@ -158,3 +158,13 @@ def torchrun_program(folder: Path, program: str, nproc: int, env: dict, timeout:
                    cwd=folder, env=env, timeout=timeout)
     assert finished(done.returncode, done.stdout + done.stderr), done.stderr[-4000:]
     return json.loads((folder / "out.json").read_text())
+
+
+def same_norm(a, b, rel: float = 1e-5) -> bool:
+    """Two norms read back from a job's JSON agree: both missing (None or NaN), or within
+    `rel` of each other (the oracles the engine tests compare against)."""
+    import math
+
+    if a is None or b is None or math.isnan(a) or math.isnan(b):
+        return (a is None or math.isnan(a)) == (b is None or math.isnan(b))
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-9)

@@ -218,3 +218,51 @@ class ActorCritic(nn.Module):
     def forward(self, obs):
         h = self.trunk(obs)
         return torch.log_softmax(self.actor(h), dim=-1), self.critic(h).squeeze(-1)
+
+
+# ------------------------------------------------------------------ the engine tests' model
+class TwoHeads(nn.Module):
+    """A body and two heads, both trained by the loss: an optimizer built without `head2` plants
+    the orphan the engine tests look for (DeepSpeed, FSDP1), whose clean twin holds it too.
+    Uneven sizes (head2 has 3 outputs) leave a rank with part of a tensor, or none of it."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head, self.head2 = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.body(x))
+        return self.head(h).pow(2).mean() + self.head2(h).pow(2).mean()
+
+
+def two_heads_groups(named: dict, planted: bool) -> list[dict]:
+    """Two groups (decay, no decay) of `TwoHeads`' tensors by name; `planted`: head2 left out."""
+    held = ("body", "head") + (() if planted else ("head2",))
+    return [{"params": [named[f"{m}.weight"] for m in held], "weight_decay": 0.01},
+            {"params": [named[f"{m}.bias"] for m in held], "weight_decay": 0.0}]
+
+
+def rank_batches(n: int, rank: int) -> list[torch.Tensor]:
+    """`n` batches for `TwoHeads`, the same on every run and different on every rank."""
+    g = torch.Generator().manual_seed(100 + rank)
+    return [torch.randn(4, 8, generator=g) for _ in range(n)]
+
+
+def watched_under_ddp(planted: bool, steps: int):
+    """The engine tests' oracle, inside a process group: `TwoHeads` (seed 0) under DDP, Adam
+    (lr 0.01) over `two_heads_groups`, `rank_batches`, watched for `steps` steps. The engines
+    run the same model, data and bug; their measurements must equal these. Returns the Watch."""
+    import torch.distributed as dist
+
+    import diagkit
+
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(TwoHeads())
+    opt = torch.optim.Adam(two_heads_groups(dict(ddp.module.named_parameters()), planted),
+                           lr=0.01)
+    w = diagkit.watch(ddp, opt, steps=steps)
+    for x in rank_batches(steps, dist.get_rank()):
+        opt.zero_grad()
+        ddp(x).backward()
+        opt.step()
+    return w

@@ -11,49 +11,37 @@ all, to keep the test short."""
 
 from __future__ import annotations
 
-import math
 import os
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from jobs import torchrun_program
+from jobs import same_norm, torchrun_program
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src"),
-       "DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0",
+       "PYTHONPATH": os.pathsep.join(map(str, (ROOT / "src", ROOT / "tests")))}
 STEPS = 3
 
 PROGRAM = textwrap.dedent('''
     import json, sys
     import torch, torch.distributed as dist
-    from torch import nn
     import deepspeed
     import diagkit
 
     STEPS = int(sys.argv[2])
 
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.body, self.head, self.head2 = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 4)
-
-        def forward(self, x):
-            h = torch.tanh(self.body(x))
-            return (self.head(h) + self.head2(h)).pow(2).mean()
+    from models import TwoHeads as Net, rank_batches, two_heads_groups, watched_under_ddp
 
     def groups(model, planted):
-        decay = [model.body.weight, model.head.weight] + [model.head2.weight] * (not planted)
-        rest = [model.body.bias, model.head.bias] + [model.head2.bias] * (not planted)
-        return [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}]
+        return two_heads_groups(dict(model.named_parameters()), planted)
 
     def batches(n):
-        g = torch.Generator().manual_seed(100 + dist.get_rank())
-        return [torch.randn(4, 8, generator=g) for _ in range(n)]
+        return rank_batches(n, dist.get_rank())
 
     def summary(w):
         d = w.diagnosis
@@ -81,16 +69,7 @@ PROGRAM = textwrap.dedent('''
     dist.init_process_group("gloo")
     out = {}
     for planted in (True, False):  # the same model and bug without DeepSpeed: the oracle
-        torch.manual_seed(0)
-        model = Net()
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
-        opt = torch.optim.Adam(groups(model, planted), lr=0.01)
-        w = diagkit.watch(ddp, opt, steps=STEPS)
-        for x in batches(STEPS):
-            opt.zero_grad()
-            ddp(x).backward()
-            opt.step()
-        out[f"ddp {planted}"] = summary(w)
+        out[f"ddp {planted}"] = summary(watched_under_ddp(planted, STEPS))
     for stage in (1, 2, 3):
         for planted in (True, False):
             # under ZeRO-3 every tensor partitioned, none kept whole for being small; the
@@ -160,10 +139,6 @@ def job(tmp_path_factory):
     return torchrun_program(folder, program, 2, ENV, timeout=400)
 
 
-def _close(a, b) -> bool:
-    if a is None or b is None or math.isnan(a) or math.isnan(b):
-        return (a is None or math.isnan(a)) == (b is None or math.isnan(b))
-    return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-9)
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
@@ -200,8 +175,8 @@ def test_every_measurement_is_the_one_without_deepspeed(job, stage, planted):
     assert set(got["steps"]) == set(oracle["steps"])
     assert len(oracle["steps"]) == STEPS * 6
     for key, (grad, delta) in oracle["steps"].items():
-        assert _close(got["steps"][key][0], grad), (key, got["steps"][key], grad)
-        assert _close(got["steps"][key][1], delta), (key, got["steps"][key], delta)
+        assert same_norm(got["steps"][key][0], grad), (key, got["steps"][key], grad)
+        assert same_norm(got["steps"][key][1], delta), (key, got["steps"][key], delta)
     # static facts: the whole shapes (ZeRO-3 holds a slice), each group's lr and decay
     strip = [row[:2] + row[3:] for row in got["params"]]
     assert strip == [row[:2] + row[3:] for row in oracle["params"]]
@@ -235,17 +210,8 @@ def test_an_fp16_step_the_loss_scaler_skipped_still_counts_as_skipped(job):
 # ------------------------------------------------------------------ a --nproc target's engine
 TARGET = textwrap.dedent('''
     import torch
-    from torch import nn
 
-
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.body, self.head, self.head2 = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 4)
-
-        def forward(self, x):
-            h = torch.tanh(self.body(x))
-            return (self.head(h) + self.head2(h)).pow(2).mean()
+    from models import TwoHeads as Net
 
 
     def build(stage=3, planted=1):
