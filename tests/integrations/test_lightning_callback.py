@@ -163,3 +163,32 @@ def test_with_only_pytorch_lightning_installed_the_lightning_module_uses_it(monk
     monkeypatch.delitem(sys.modules, "diagkit.integrations.lightning", raising=False)
     fallback = importlib.import_module("diagkit.integrations.lightning")
     assert issubclass(fallback.DiagkitCallback, pl.Callback)
+
+
+def test_an_orphan_points_at_the_users_configure_optimizers(tmp_path):
+    """The optimizer is built in the user's `configure_optimizers`, which Lightning calls
+    between `setup` and `on_train_start`: the finding shows those lines and its fix names
+    that hook, not `optimizer.add_param_group`. The patches that note it come off again."""
+
+    class HeadLeftOut(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = nn.Linear(4, 4), nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.head(torch.relu(self.body(batch[0]))).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.body.parameters(), lr=0.1)  # MARK-configure
+
+    init, add = torch.optim.Optimizer.__init__, torch.optim.Optimizer.add_param_group
+    callback = DiagkitCallback(steps=2)
+    fit(L, tmp_path, callback, module=HeadLeftOut())
+    assert (torch.optim.Optimizer.__init__, torch.optim.Optimizer.add_param_group) == (init, add)
+    orphan = next(f for f in callback.diagnosis.findings if f.code == "orphan")
+    assert orphan.params == ("head.weight", "head.bias")
+    (source,) = orphan.source
+    assert source["function"] == "configure_optimizers" and source["file"] == __file__
+    assert "MARK-configure" in source["lines"][0]
+    assert "configure_optimizers" in orphan.fix and "add_param_group" not in orphan.fix
+    assert "test_lightning_callback.py:" in orphan.fix

@@ -145,3 +145,27 @@ def test_without_transformers_the_import_says_how_to_install(monkeypatch):
     with pytest.raises(diagkit.DiagkitError, match=r"pip install diagkit\[transformers\]") as err:
         importlib.import_module("diagkit.integrations.transformers")
     assert "\n" not in str(err.value)
+
+
+def test_an_orphan_points_at_the_users_create_optimizer(tmp_path):
+    """A `create_optimizer` the user overrode (the Trainer calls it inside `train()`, after
+    `on_init_end`) is the lever the orphan's fix names, with the user's lines as its source;
+    the Trainer's own construction (tested above) names none."""
+
+    class HeadLeftOut(Trainer):
+        def create_optimizer(self, model=None):
+            if self.optimizer is None:
+                self.optimizer = head_left_out(self.model)  # MARK-create
+            return self.optimizer
+
+    model = tiny_classifier()
+    callback = DiagkitCallback(steps=2)
+    HeadLeftOut(model=model, args=training_args(tmp_path, max_steps=2),
+                train_dataset=Sequences(), callbacks=[callback]).train()
+    orphan = next(f for f in callback.diagnosis.findings if f.code == "orphan")
+    assert orphan.params == ("score.weight",)
+    (source,) = orphan.source  # the helper's lines, called from the user's create_optimizer
+    assert source["function"] == "head_left_out" and "n.startswith" in source["lines"][0]
+    assert source["callers"][0][0] == "create_optimizer"
+    assert "your `create_optimizer` builds (test_transformers_callback.py:" in orphan.fix
+    assert "add_param_group" not in orphan.fix

@@ -19,6 +19,7 @@ import importlib
 import inspect
 
 from ..core.errors import DiagkitError
+from ..measure.provenance import record_optimizer_sources, sources_for
 from ..run.gather import distributed
 from ..run.watch import Watch, check_watch_options, watch
 
@@ -67,12 +68,32 @@ class Attachment:
         self.options = options
         self.watch: Watch | None = None
         self.alerts: list = []   # new findings of a whole-run watch, for the framework's logger
+        self._recording = None   # (context, recorder) while the trainer builds its optimizers
+
+    def record_sources(self) -> None:
+        """Note where the optimizers' groups are built from now until `start` (the trainer
+        calls the user's `configure_optimizers` in between; `measure.provenance`)."""
+        self.end_recording()
+        context = record_optimizer_sources()
+        self._recording = (context, context.__enter__())
+
+    def end_recording(self, optimizers=()) -> list:
+        """Stop noting (the patches come off, whatever happens next) and return the records
+        of `optimizers`' groups; [] when nothing was being recorded."""
+        if self._recording is None:
+            return []
+        (context, recorder), self._recording = self._recording, None
+        context.__exit__(None, None, None)
+        unwrapped = [getattr(o, "optimizer", o) for o in optimizers]
+        return sources_for(recorder, unwrapped)
 
     def start(self, model, optimizers, *, main_process: bool, first_step: int = 0) -> Watch:
         """Watch `model` under `optimizers`. Only the main process writes `out`: under a process
         group watch itself leaves it to rank 0 (every rank must still watch, to be gathered);
         without one (several processes that share no group) the others get no `out`.
         `first_step`: the trainer's global step (a resumed run goes on counting from it)."""
+        sources = self.end_recording(optimizers if isinstance(optimizers, (list, tuple))
+                                     else [optimizers])
         self.stop()
         if optimizers is None or (isinstance(optimizers, (list, tuple)) and not optimizers):
             raise DiagkitError("the trainer has no optimizer yet: nothing to watch")
@@ -84,7 +105,8 @@ class Attachment:
         users = options["on_finding"]
         options["on_finding"] = lambda finding: self._alert(finding, users)
         self.alerts = []
-        self.watch = Watch(model, optimizers, **options, first_step=first_step)
+        self.watch = Watch(model, optimizers, **options, first_step=first_step,
+                           sources=sources or None)
         return self.watch
 
     def _alert(self, finding, users) -> None:
@@ -105,6 +127,7 @@ class Attachment:
 
     def stop(self) -> None:
         """End the watch (judge and save what it saw); nothing if none runs."""
+        self.end_recording()
         if self.watch is not None and not self.watch.done:
             self.watch.stop()
 

@@ -36,6 +36,16 @@ def callback_class(package: str, module: str, install: str) -> type:
             super().__init__()
             self._start_watching(watch_options)
 
+        def setup(self, trainer, pl_module, stage):
+            """Lightning calls the user's `configure_optimizers` after this and before
+            `on_train_start`: where its groups are built is noted meanwhile, so a finding
+            about membership shows the user's lines there."""
+            if stage == "fit":
+                self._run.record_sources()
+
+        def teardown(self, trainer, pl_module, stage):
+            self._run.end_recording()
+
         def on_train_start(self, trainer, pl_module):
             theirs = type(trainer).__module__.split(".")[0]
             if theirs != top:  # works (Lightning duck-types callbacks), but is the wrong class
@@ -66,7 +76,8 @@ def callback_class(package: str, module: str, install: str) -> type:
             self._run.stop()
 
         def on_exception(self, trainer, pl_module, exception):
-            self._run.stop()  # the steps before the error are kept and judged
+            self._run.stop()  # the steps before the error are kept and judged (and the
+            # recording of the optimizers' construction, if the fit failed before, ends)
 
     DiagkitCallback.__module__ = module
     DiagkitCallback.__qualname__ = "DiagkitCallback"

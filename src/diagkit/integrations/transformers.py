@@ -39,6 +39,12 @@ class DiagkitCallback(TrainerCallback, Watching):
     def __init__(self, **watch_options):
         self._start_watching(watch_options)
 
+    def on_init_end(self, args, state, control, **kwargs):
+        """The Trainer builds its optimizer inside `train()`, before `on_train_begin`: from
+        here on where its groups are built is noted (a `create_optimizer` the user overrode
+        is then the finding's lever; `measure.provenance`)."""
+        self._run.record_sources()
+
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         self._trainer = _calling_trainer()
         self._run.start(model, optimizer, main_process=state.is_world_process_zero,

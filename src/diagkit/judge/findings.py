@@ -57,11 +57,12 @@ def build_findings(params: pd.DataFrame, steps: pd.DataFrame, check_errors=(),
             group = params.iloc[rows].copy()
             group.attrs["whole"] = whole
             group.attrs["context"] = shared
+            source = finding_sources(code, group, params, sources)
+            group.attrs["sources"] = source  # where the groups were built: the user's lever
             message, fix = explain(label, group, steps)
             findings.append(Finding(code, v.severity, tuple(group["name"]), message, fix,
                                     module=label, count=len(group),
-                                    bytes=int(group["bytes"].sum()),
-                                    source=finding_sources(code, group, params, sources)))
+                                    bytes=int(group["bytes"].sum()), source=source))
     # DDP's refusal is why the run stopped: it leads, before the sorted rest.
     return _ddp_findings(params, failure) + sort_findings(findings + list(extra))
 

@@ -10,7 +10,9 @@ in the same function that assigned that name (found with `ast`), else the call's
 `watch_sources(frame, n)`: for `diagkit.watch`, where the optimizers already exist, the same
 search started from the caller's `watch(...)` statement (the optimizer argument's name is
 resolved to its assignment in the caller's function). The records are plain JSON-able dicts:
-{"optimizer", "group", "class", "file", "line", "lines", "how"}.
+{"optimizer", "group", "class", "file", "line", "lines", "how"}, and from a recording
+"function" (the user's function that built the group: a framework's hook such as
+Lightning's `configure_optimizers` names the user's lever).
 """
 
 from __future__ import annotations
@@ -93,7 +95,9 @@ def sources_for(recorder: _Recorder, optimizers) -> list[dict]:
         for i, mine in enumerate(optimizers):
             if mine is opt:
                 found[(i, group)] = {"optimizer": i, "group": group,
-                                     "class": class_name(opt), **_group_lines(site, group)}
+                                     "class": class_name(opt), **_group_lines(site, group),
+                                     "function": site.get("function", ""),
+                                     "callers": site.get("callers", [])}
     return [found[k] for k in sorted(found)]
 
 
@@ -128,9 +132,27 @@ def _user_site(frame, walk: bool = True) -> dict | None:
         file = os.path.abspath(frame.f_code.co_filename)
         ours = file.startswith(_DIAGKIT) and not file.startswith(_DEMOS)
         if not (file.startswith(_TORCH) or ours or file.startswith("<")):
-            return {"file": file, "line": frame.f_lineno}
+            return {"file": file, "line": frame.f_lineno, "function": frame.f_code.co_name,
+                    "callers": _user_callers(frame.f_back)}
         frame = frame.f_back if walk else None
     return None
+
+
+def _user_callers(frame, most: int = 6) -> list[list]:
+    """[function, file, line] of the user's frames that called the site's, outward until the
+    first one of an installed package (a framework that called the user's hook) or torch."""
+    found = []
+    while frame is not None and len(found) < most:
+        file = os.path.abspath(frame.f_code.co_filename)
+        if file.startswith(_TORCH) or file.startswith("<") or _installed(file):
+            break
+        found.append([frame.f_code.co_name, file, frame.f_lineno])
+        frame = frame.f_back
+    return found
+
+
+def _installed(file: str) -> bool:
+    return any(part in ("site-packages", "dist-packages") for part in file.split(os.sep))
 
 
 def _group_lines(site: dict, group: int) -> dict:

@@ -92,7 +92,8 @@ class Watch:
     `stop()` ends it early; as a context manager it ends at the block's exit."""
 
     def __init__(self, model, optimizer_or_list, *, steps, every, delta, sample, out, report,
-                 timeout, on_finding=None, halt_on=None, caller=None, first_step=0):
+                 timeout, on_finding=None, halt_on=None, caller=None, first_step=0,
+                 sources=None):
         check_watch_options(steps=steps, every=every, delta=delta, sample=sample, out=out,
                             report=report, timeout=timeout, on_finding=on_finding,
                             halt_on=halt_on)
@@ -104,7 +105,10 @@ class Watch:
             self.wrappers.append("DeepSpeedEngine")
         self.out = None if out is None else Path(out)
         self.inventory = take_inventory(inner, optimizers)
-        self.sources = watch_sources(caller, optimizers) if caller is not None else []
+        # where the groups were built: recorded by a callback as the trainer built them, or
+        # read from the caller's watch(...) statement
+        self.sources = (sources if sources is not None else
+                        watch_sources(caller, optimizers) if caller is not None else [])
         if not self.inventory.tensors:
             raise DiagkitError("the model has no parameters and the optimizers hold none: "
                                "nothing to watch")
