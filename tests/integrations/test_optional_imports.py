@@ -32,3 +32,17 @@ def test_diagkit_and_the_integrations_package_import_no_framework():
 def test_each_integration_imports_its_own_framework_only():
     assert "pytorch_lightning" not in loaded_after("import diagkit.integrations.lightning")
     assert "lightning" not in loaded_after("import diagkit.integrations.pytorch_lightning")
+
+
+def test_the_70b_demo_without_peft_names_the_extra_to_install():
+    """From a wheel without the extras, the README's 70B `--meta` command ends in one line that
+    says what to install (it was "No module named 'peft'"), exit code 2."""
+    code = ("import sys; sys.modules['peft'] = None; "  # an import of peft now fails
+            "from diagkit.run.cli import main; "
+            "sys.exit(main(['check', 'diagkit.demos.llama_lora:llama_lora', '--meta', "
+            "'--arg', 'size=tiny']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert "needs transformers and peft" in line and "pip install 'diagkit[demos]'" in line

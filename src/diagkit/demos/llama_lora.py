@@ -32,8 +32,12 @@ def llama_lora(size: str = "70b", batch: int = 1, rank: int = 8):
     """The target: the optimizer-before-wrap bug on a LLaMA model of `size`."""
     if size not in SIZES:
         raise TargetError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
+    try:
+        from peft import LoraConfig, get_peft_model
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError as exc:
+        raise TargetError(f"the 70B LLaMA + LoRA demo needs transformers and peft ({exc}): "
+                          "pip install 'diagkit[demos]'") from None
 
     config = LlamaConfig(**SIZES[size], tie_word_embeddings=False)
     base = LlamaForCausalLM(config)  # random init, on the meta device under --meta
