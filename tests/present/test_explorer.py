@@ -135,6 +135,20 @@ def test_explicit_selection_is_kept_while_it_passes_the_filters(finetune):
     assert state.selected == state.default_selection()
 
 
+def test_taking_the_last_pick_off_says_the_plot_is_back_to_the_default(finetune):
+    """A ctrl-click on the last picked tensor empties the pick: the plot silently showed the
+    default again; the status line now says so, until something is picked again."""
+    state = ExplorerState.from_diagnosis(finetune)
+    assert "no tensor is picked now" not in state.message
+    state.selected = ["ffn_head.0.bias"]
+    assert "no tensor is picked now" not in state.message
+    state.selected = []
+    assert state.selected == state.default_selection()
+    assert "no tensor is picked now: the plot is back to the default selection" in state.message
+    state.selected = ["encoder.embed.weight"]
+    assert "no tensor is picked now" not in state.message
+
+
 # ------------------------------------------------------------------ plot data
 def test_metric_switch_changes_the_plotted_data(meta):
     state = ExplorerState.from_diagnosis(meta)

@@ -77,6 +77,7 @@ class ExplorerState:
         self.regex_error: str | None = None
         self._metric = "grad_norm"
         self._explicit: list[str] | None = None
+        self.unpicked = False  # the last picked tensor was just taken off the pick
         self.log_scale = True
 
     @classmethod
@@ -138,7 +139,10 @@ class ExplorerState:
 
     @selected.setter
     def selected(self, value) -> None:
+        picked = bool(self._explicit)
         self._explicit = [str(n) for n in value] if value else None
+        # the last pick taken off (ctrl-click): the plot goes back to the default, and says so
+        self.unpicked = picked and not value
 
     # ------------------------------------------------------------------ choices
     def verdict_choices(self) -> list[tuple[str, str]]:

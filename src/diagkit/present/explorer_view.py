@@ -146,6 +146,9 @@ def status_text(state, *, max_lines: int) -> str:
     if not len(state.steps):
         parts.append("the steps table is empty: no step was observed")
     selected = state.selected
+    if getattr(state, "unpicked", False):
+        parts.append("no tensor is picked now: the plot is back to the default selection "
+                     f"({state.top} problem tensors of the filter first)")
     if len(selected) > max_lines:
         parts.append(f"plotting the first {max_lines} of {len(selected)} selected tensors")
     parts += _hidden_problems(state, selected)
