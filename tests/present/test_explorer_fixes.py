@@ -112,7 +112,9 @@ def test_table_wraps_and_keeps_the_metric_in_view(finetune):
     state.metric = "update_ratio"
     page = state.table_html()
     assert "width:100%" in page.split("<table", 1)[1].split(">", 1)[0]
-    assert "overflow-wrap:anywhere" in page and "overflow-x:auto" in page
+    # names wrap after their dots only, never anywhere (a number or identifier kept whole)
+    assert "overflow-wrap:anywhere" not in page and "overflow-x:auto" in page
+    assert "encoder.<wbr>embed.<wbr>weight" in page
     heads = [h.rsplit(">", 1)[1] for h in page.split("</th>")[:-1]]
     assert heads[:3] == ["name", "verdicts", "update_ratio"]
     assert "tensors match" not in page                  # counted once, in the status line

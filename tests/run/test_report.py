@@ -90,7 +90,7 @@ def test_demo_notebook_cell_ids_are_unique(demo):
 
 
 def test_report_html_is_self_contained(demo):
-    html = (demo[0] / "report.html").read_text()
+    html = re.sub(r"<wbr/?>", "", (demo[0] / "report.html").read_text())  # names wrap at dots
     assert html.lstrip().lower().startswith("<!doctype html>")
     for name in ("module.metamodel.model.mem_tokens", "encoder.readout_atom.weight",
                  "cmim_decoder.0.weight", "hidden.weight", "diagkit.demos:finetune_heads"):
@@ -244,3 +244,49 @@ def test_wide_tables_fit_the_output_area(demo, tmp_path):
     assert len(measured) >= 6
     too_wide = [(name, width) for name, width in measured if width > 968]
     assert not too_wide
+
+
+SPLITS = """<script>
+(() => {  // every table cell's tokens: does one run across a line break where none may?
+  document.body.style.width = 'WIDTHpx';
+  document.body.style.margin = '0';
+  const found = [];
+  for (const cell of document.querySelectorAll('td, th')) {
+    if (cell.closest('pre, code')) continue;  // code scrolls in its own box, lines kept
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      if (node.parentElement.closest('pre, code')) continue;
+      // a piece: between spaces, and after a dot or a slash (where a name may wrap)
+      const re = /[^\\s.\\/]+[.\\/]?/g;
+      for (let m = re.exec(node.data); m; m = re.exec(node.data)) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const tops = new Set([...range.getClientRects()].filter(r => r.width > 0)
+                                                         .map(r => Math.round(r.top)));
+        if (tops.size > 1) found.push(m[0]);
+      }
+    }
+  }
+  const pre = document.createElement('pre');
+  pre.id = 'splits';
+  pre.textContent = JSON.stringify(found);
+  document.body.appendChild(pre);
+})();
+</script>"""
+
+
+@needs_chromium
+@pytest.mark.parametrize("width", [968, 1400])
+def test_no_table_cell_splits_a_number_or_an_identifier(demo, tmp_path, width):
+    """Measured in Chromium: every number, header and identifier in the report's tables stays
+    on one line (a name may wrap after a dot); the tables still fit (the test above)."""
+    page = tmp_path / "splits.html"
+    text = re.sub(r'<meta[^>]*Content-Security-Policy[^>]*>', "",  # lets SPLITS run
+                  (demo[0] / "report.html").read_text())
+    page.write_text(text.replace("</body>", SPLITS.replace("WIDTH", str(width)) + "</body>"))
+    dom, _ = open_page(page.as_uri())
+    split = json.loads(re.search(r'<pre id="splits">(.*?)</pre>', dom, re.S).group(1)
+                       .replace("&quot;", '"').replace("&amp;", "&").replace("&lt;", "<")
+                       .replace("&gt;", ">"))
+    assert split == [], split[:40]

@@ -58,3 +58,9 @@ def one_line(text) -> str:
 def brief(exc, limit: int = 200) -> str:
     """An error's text on one line, at most `limit` characters."""
     return one_line(exc)[:limit]
+
+
+def dotted_breaks(escaped: str) -> str:
+    """An HTML-escaped dotted name with a break opportunity after each dot: a long name wraps
+    between its parts, never inside one (a table cell is never broken mid-identifier)."""
+    return escaped.replace(".", ".<wbr>")

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from ..core import severity
-from ..core.format import fmt_shape, truncate_left
+from ..core.format import dotted_breaks, fmt_shape, truncate_left
 from .plots import log_floor   # where a 0 sits on a log axis: the static plots' rule, shared
 
 _MAX_LEGEND = 15      # above this many lines the legend is left out
@@ -29,9 +29,10 @@ _MAX_LEGEND = 15      # above this many lines the legend is left out
 # column: the name holds the module path, and the module filter selects by it.
 TABLE_HEAD = ("name", "verdicts", "used / steps", "optimizer / group", "lr", "requires grad",
               "shape", "type")
-# Names wrap (at their dots first: `_dotted`), verdicts between verdicts; the short cells
+# Names wrap (at their dots only: `core.format.dotted_breaks`), verdicts between verdicts;
+# the short cells
 # never do, so that a number or a shape is never broken in two.
-_CELL_STYLE = {0: "overflow-wrap:anywhere;min-width:12em", 1: "min-width:6em"}
+_CELL_STYLE = {0: "min-width:12em", 1: "min-width:6em"}
 _NOWRAP = "white-space:nowrap"
 
 
@@ -208,7 +209,7 @@ def _cells(row, verdicts: tuple[str, ...], metric: str, selected: bool) -> list[
     the rest of `TABLE_HEAD`); a selected tensor's name is bold so the table shows what the
     plot draws."""
     esc = html.escape
-    name = _dotted(esc(str(row["name"])))
+    name = dotted_breaks(esc(str(row["name"])))
     if selected:
         name = f"<b>{name}</b>"
     return [
@@ -223,12 +224,6 @@ def _cells(row, verdicts: tuple[str, ...], metric: str, selected: bool) -> list[
         esc(_fmt(row.get("shape"))),
         esc(_fmt(row.get("module_type"))),
     ]
-
-
-def _dotted(escaped: str) -> str:
-    """An escaped dotted name with a break opportunity after each dot, so that a long name
-    wraps between its parts rather than anywhere."""
-    return escaped.replace(".", ".<wbr>")
 
 
 def _missing(value) -> bool:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..core import severity
-from ..core.format import human_bytes
+from ..core.format import dotted_breaks, human_bytes
 from ..judge.verdicts import bytes_per_verdict, severity_of
 from .source import source_html
 
@@ -96,7 +96,8 @@ def _fix_html(fix: str) -> str:
     comparison's fixes): then the quoted parts are code, never literal backticks."""
     if "`" in str(fix):
         return _prose(fix)
-    return f"<code style='white-space:pre-wrap'>{html.escape(str(fix))}</code>"
+    return (f"<div style='overflow-x:auto'><code style='white-space:pre-wrap'>"
+            f"{html.escape(str(fix))}</code></div>")
 
 
 def findings_table(findings) -> str:
@@ -114,12 +115,12 @@ def findings_table(findings) -> str:
         rows.append(
             f'<tr class="{esc(f.severity)}">'
             f'<td style="background:{bg};color:{fg};font-weight:bold;{_LEFT}">'
-            f"{esc(f.severity)}</td><td style='{_LEFT};overflow-wrap:anywhere'>{esc(f.code)}</td>"
-            f"<td style='{_LEFT};min-width:12em;overflow-wrap:anywhere'>{esc(where)}</td>"
+            f"{esc(f.severity)}</td><td style='{_LEFT}'>{esc(f.code)}</td>"
+            f"<td style='{_LEFT};min-width:12em'>{dotted_breaks(esc(where))}</td>"
             f"<td style='text-align:right;vertical-align:top'>{int(f.count or 0)}</td>"
             f"<td style='text-align:right;vertical-align:top;white-space:nowrap'>"
             f"{human_bytes(int(f.bytes or 0))}</td><td style='{_LEFT}'>{_prose(f.message)}</td>"
-            f"<td style='{_LEFT};overflow-wrap:anywhere'>{_fix_html(f.fix)}"
+            f"<td style='{_LEFT}'>{_fix_html(f.fix)}"
             f"{source_html(getattr(f, 'source', ()))}</td></tr>")
     # Inline styles: the notebook's own CSS right-aligns table cells and would win over a class.
     head = "".join(f"<th style='{_LEFT}'>{h}</th>" for h in
@@ -132,7 +133,9 @@ def findings_table(findings) -> str:
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
-_FINDINGS_WIDTHS = ("6.5em", "9em", "15%", "4.5em", "6em", "34%", "auto")
+# A fix wraps between its words and scrolls in its own box where one identifier is wider
+# than the column; never broken inside one.
+_FINDINGS_WIDTHS = ("6.5em", "12em", "15%", "4.5em", "6em", "30%", "auto")
 
 
 def _names_list(names, most: int = 8) -> str:

@@ -45,6 +45,6 @@ def source_html(sources) -> str:
         return ""
     esc = html.escape
     parts = [f'<div class="diagkit-source"><div style="margin-top:4px">{esc(source_label(s))}'
-             f'</div><pre style="margin:2px 0;white-space:pre-wrap">'
+             f'</div><pre style="margin:2px 0;white-space:pre;overflow-x:auto;max-width:100%">'
              f'{esc(chr(10).join(s.get("lines") or ()))}</pre></div>' for s in sources]
     return "".join(parts)

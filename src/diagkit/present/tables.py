@@ -5,11 +5,13 @@ significant digits and bytes are human readable."""
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pandas as pd
 
 from ..core import severity
-from ..core.format import fmt_number, fmt_shape, human_bytes
+from ..core.format import dotted_breaks, fmt_number, fmt_shape, human_bytes
 from ..judge.verdicts import VERDICTS, severity_of
 from .ranking import problems_first, row_severity, subtree_labels
 
@@ -20,7 +22,7 @@ def _numeric(series: pd.Series) -> pd.Series:
 
 WIRING_COLUMNS = ("name", "verdicts", "requires_grad", "optimizer/group", "lr", "weight_decay",
                   "used", "changed", "grad_norm", "grad_total_norm", "update_ratio", "bytes",
-                  "shape", "module_type")
+                  "shape")  # no module_type: the name holds the module's path (params.csv has it)
 
 
 def _fraction(part: pd.Series, whole: pd.Series) -> pd.Series:
@@ -73,7 +75,6 @@ def wiring_table(params: pd.DataFrame, limit: int = 200):
         "update_ratio": p["update_ratio"].map(fmt_number),
         "bytes": _numeric(p["bytes"]).fillna(0).astype(np.int64).map(human_bytes),
         "shape": p["shape"].map(fmt_shape),
-        "module_type": p["module_type"].fillna("").astype(str),
     }, columns=list(WIRING_COLUMNS)).reset_index(drop=True).astype(object)
     if "stage" in p and (p["stage"].fillna("") != "").any():  # pipeline stages: which ranks
         show.insert(1, "stage", p["stage"].fillna("").astype(str).to_numpy())
@@ -92,17 +93,28 @@ def style_rows(view: pd.DataFrame, colours: list[tuple[str, str]], column: str,
     def colour(_column: pd.Series) -> list[str]:
         return [f"background-color:{bg};color:{fg}" for bg, fg in colours]
 
+    names = [c for c in view.columns[:1]]  # a dotted name may wrap after its dots
     return (view.style.format(escape="html")
+            .format(lambda v: dotted_breaks(html.escape(str(v))), subset=names)
+            .relabel_index([_header(c) for c in view.columns], axis="columns")
             .apply(colour, subset=[column])
             .hide(axis="index")
             .set_caption(caption)
             .set_table_styles([
-                # Fit the output area (968 px in JupyterLab): long names wrap, not overflow.
+                # Fit the output area (968 px in JupyterLab) by wrapping between words, after
+                # a name's dots, and at a header's spaces: never inside a number or an
+                # identifier (a number split over two lines reads as two numbers).
                 {"selector": "", "props": "max-width:100%"},
-                {"selector": "td, th", "props": "overflow-wrap:anywhere"},
-                {"selector": "td", "props": "text-align:right;padding:2px 6px"},
+                {"selector": "td, th", "props": "overflow-wrap:normal;word-break:normal"},
+                {"selector": "td", "props": "text-align:right;padding:2px 4px"},
                 {"selector": "td.col0, td.col1", "props": "text-align:left"},
                 {"selector": "caption", "props": "caption-side:top;text-align:left"}]))
+
+
+def _header(column: str) -> str:
+    """A column's header as shown: its words, so that it wraps between them (the data keeps
+    the column's name: `requires_grad` shows as "requires grad")."""
+    return str(column).replace("_", " ").replace("/", " / ")
 
 
 def module_rollup(params: pd.DataFrame, depth: int = 1) -> pd.DataFrame:
