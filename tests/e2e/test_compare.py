@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -420,7 +421,7 @@ def test_notebook_escapes_hostile_tensor_names(tmp_path):
     torch.save({"model": b}, tmp_path / "b.pt")
     nb = _execute(tmp_path, tmp_path, checkpoint_a="a.pt", checkpoint_b="b.pt")
     assert not [o for o in _outputs(nb) if o.output_type == "error"]
-    page = _html(nb)
+    page = re.sub(r"<wbr/?>", "", _html(nb))  # a name's break opportunities after its dots
     assert "<script>x</script>" not in page and "<b>new</b>" not in page
     assert page.count("&lt;script&gt;x&lt;/script&gt;.weight") >= 2  # findings and table
     assert "&lt;b&gt;new&lt;/b&gt;" in page
