@@ -214,33 +214,40 @@ def test_report_with_a_checkpoint_shows_the_load_report_and_dead_bytes(tmp_path)
     assert "dead_weight_in_checkpoint" in html and "18.6 KiB" in html
 
 
+def measured_in_chromium(report: Path, tmp_path: Path, script: str):
+    """Open `report` in headless Chromium with `script` (which lays out the page and writes
+    its findings as JSON into <pre id="out">) run at the end of its body; return that JSON.
+    The report's Content-Security-Policy (no scripts) is taken off for this copy only."""
+    page = tmp_path / "measured.html"
+    text = re.sub(r'<meta[^>]*Content-Security-Policy[^>]*>', "", report.read_text())
+    page.write_text(text.replace("</body>", script + "</body>"))
+    dom, _ = open_page(page.as_uri())
+    found = re.search(r'<pre id="out">(.*?)</pre>', dom, re.S).group(1)
+    return json.loads(found.replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
+                      .replace("&amp;", "&"))
+
+
+WRITE_OUT = """
+  const pre = document.createElement('pre');
+  pre.id = 'out';
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+</script>"""
+
 MEASURE = """<script>
 (() => {  // at the end of the body: everything above is laid out when asked
   document.body.style.width = '968px';  // JupyterLab's output area
   document.body.style.margin = '0';
   const out = [...document.querySelectorAll('table')].map(t => [
-    t.className || t.id, Math.round(t.getBoundingClientRect().width)]);
-  const pre = document.createElement('pre');
-  pre.id = 'measured';
-  pre.textContent = JSON.stringify(out);
-  document.body.appendChild(pre);
-})();
-</script>"""
+    t.className || t.id, Math.round(t.getBoundingClientRect().width)]);""" + WRITE_OUT
 
 
 @needs_chromium
 def test_wide_tables_fit_the_output_area(demo, tmp_path):
     """At JupyterLab's 968 px output width the findings and wiring tables wrap long names
     and fixes instead of running off the side (issue: 1124 px and 1536 px)."""
-    import json
-    import re
-    page = tmp_path / "measured.html"
-    text = re.sub(r'<meta[^>]*Content-Security-Policy[^>]*>', "",  # lets MEASURE run
-                  (demo[0] / "report.html").read_text())
-    page.write_text(text.replace("</body>", MEASURE + "</body>"))
-    dom, _ = open_page(page.as_uri())
-    measured = json.loads(re.search(r'<pre id="measured">(.*?)</pre>', dom).group(1)
-                          .replace("&quot;", '"'))
+    measured = measured_in_chromium(demo[0] / "report.html", tmp_path, MEASURE)
     assert len(measured) >= 6
     too_wide = [(name, width) for name, width in measured if width > 968]
     assert not too_wide
@@ -250,7 +257,7 @@ SPLITS = """<script>
 (() => {  // every table cell's tokens: does one run across a line break where none may?
   document.body.style.width = 'WIDTHpx';
   document.body.style.margin = '0';
-  const found = [];
+  const out = [];
   for (const cell of document.querySelectorAll('td, th')) {
     if (cell.closest('pre, code')) continue;  // code scrolls in its own box, lines kept
     const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
@@ -264,16 +271,10 @@ SPLITS = """<script>
         range.setEnd(node, m.index + m[0].length);
         const tops = new Set([...range.getClientRects()].filter(r => r.width > 0)
                                                          .map(r => Math.round(r.top)));
-        if (tops.size > 1) found.push(m[0]);
+        if (tops.size > 1) out.push(m[0]);
       }
     }
-  }
-  const pre = document.createElement('pre');
-  pre.id = 'splits';
-  pre.textContent = JSON.stringify(found);
-  document.body.appendChild(pre);
-})();
-</script>"""
+  }""" + WRITE_OUT
 
 
 @needs_chromium
@@ -281,12 +282,6 @@ SPLITS = """<script>
 def test_no_table_cell_splits_a_number_or_an_identifier(demo, tmp_path, width):
     """Measured in Chromium: every number, header and identifier in the report's tables stays
     on one line (a name may wrap after a dot); the tables still fit (the test above)."""
-    page = tmp_path / "splits.html"
-    text = re.sub(r'<meta[^>]*Content-Security-Policy[^>]*>', "",  # lets SPLITS run
-                  (demo[0] / "report.html").read_text())
-    page.write_text(text.replace("</body>", SPLITS.replace("WIDTH", str(width)) + "</body>"))
-    dom, _ = open_page(page.as_uri())
-    split = json.loads(re.search(r'<pre id="splits">(.*?)</pre>', dom, re.S).group(1)
-                       .replace("&quot;", '"').replace("&amp;", "&").replace("&lt;", "<")
-                       .replace("&gt;", ">"))
+    split = measured_in_chromium(demo[0] / "report.html", tmp_path,
+                                 SPLITS.replace("WIDTH", str(width)))
     assert split == [], split[:40]
