@@ -20,6 +20,30 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-default-apps", "--mute-audio"]
 
 
+# A JavaScript function of a root element: the text pieces of its table cells that run across
+# a line break where none may. A piece lies between spaces, or ends after a dot or a slash
+# (where a name may wrap); code in <pre>/<code> keeps its own lines and is left out.
+SPLIT_PIECES = r"""((root) => {
+  const out = [];
+  for (const cell of root.querySelectorAll('td, th')) {
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      if (node.parentElement.closest('pre, code')) continue;
+      const re = /[^\s.\/]+[.\/]?/g;
+      for (let m = re.exec(node.data); m; m = re.exec(node.data)) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const tops = new Set([...range.getClientRects()].filter(r => r.width > 0)
+                                                         .map(r => Math.round(r.top)));
+        if (tops.size > 1) out.push(m[0]);
+      }
+    }
+  }
+  return out;
+})"""
+
+
 def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 

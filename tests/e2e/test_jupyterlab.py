@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import chromium
+from browser import SPLIT_PIECES, chromium
 from cdp import Browser
 
 pytestmark = pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
@@ -297,6 +297,9 @@ def test_explorer_in_jupyterlab(tmp_path):
         assert browser.evaluate(CELL_ERRORS) == []
         page.check("opened")
         assert "20 of 20 tensors match" in browser.evaluate(SNAPSHOT)["status"]
+        # the findings, wiring and explorer tables: no number or identifier split in two
+        assert browser.evaluate(f"{SPLIT_PIECES}(document.querySelector('.jp-Notebook'))") \
+            == []
 
         page.change("verdict-orphan", lambda: page.pick("verdicts", "orphan ("), "1 of 20")
         page.change("verdict-all", lambda: page.pick("verdicts", "orphan (", ctrl=True),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import chromium, open_page
+from browser import SPLIT_PIECES, chromium, open_page
 
 DIAGKIT = str(Path(sys.executable).parent / "diagkit")
 needs_chromium = pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
@@ -254,27 +254,10 @@ def test_wide_tables_fit_the_output_area(demo, tmp_path):
 
 
 SPLITS = """<script>
-(() => {  // every table cell's tokens: does one run across a line break where none may?
+(() => {  // every table cell's pieces: does one run across a line break where none may?
   document.body.style.width = 'WIDTHpx';
   document.body.style.margin = '0';
-  const out = [];
-  for (const cell of document.querySelectorAll('td, th')) {
-    if (cell.closest('pre, code')) continue;  // code scrolls in its own box, lines kept
-    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
-    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-      if (node.parentElement.closest('pre, code')) continue;
-      // a piece: between spaces, and after a dot or a slash (where a name may wrap)
-      const re = /[^\\s.\\/]+[.\\/]?/g;
-      for (let m = re.exec(node.data); m; m = re.exec(node.data)) {
-        const range = document.createRange();
-        range.setStart(node, m.index);
-        range.setEnd(node, m.index + m[0].length);
-        const tops = new Set([...range.getClientRects()].filter(r => r.width > 0)
-                                                         .map(r => Math.round(r.top)));
-        if (tops.size > 1) out.push(m[0]);
-      }
-    }
-  }""" + WRITE_OUT
+  const out = """ + SPLIT_PIECES + """(document);""" + WRITE_OUT
 
 
 @needs_chromium
