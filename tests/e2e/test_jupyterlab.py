@@ -287,7 +287,7 @@ def test_explorer_in_jupyterlab(tmp_path):
     for folder in (notebooks, home, shots):
         folder.mkdir()
     shutil.copy(NOTEBOOK, notebooks / NOTEBOOK.name)
-    with JupyterLab(notebooks, home) as lab, Browser(1280, 900) as browser:
+    with JupyterLab(notebooks, home) as lab, Browser(1400, 900) as browser:
         page = Page(browser, shots)
         browser.goto(lab.url(f"lab/tree/{NOTEBOOK.name}"))
         browser.wait_for(KERNEL_IDLE, timeout=180, what="the notebook opens, its kernel idle")
@@ -297,7 +297,7 @@ def test_explorer_in_jupyterlab(tmp_path):
         assert browser.evaluate(CELL_ERRORS) == []
         page.check("opened")
         assert "20 of 20 tensors match" in browser.evaluate(SNAPSHOT)["status"]
-        # the findings, wiring and explorer tables: no number or identifier split in two
+        # the findings, wiring and explorer tables at 1400 px: no number or identifier split
         assert browser.evaluate(f"{SPLIT_PIECES}(document.querySelector('.jp-Notebook'))") \
             == []
 
