@@ -160,8 +160,12 @@ def test_an_orphan_points_at_the_users_create_optimizer(tmp_path):
 
     model = tiny_classifier()
     callback = DiagkitCallback(steps=2)
-    HeadLeftOut(model=model, args=training_args(tmp_path, max_steps=2),
-                train_dataset=Sequences(), callbacks=[callback]).train()
+    init = torch.optim.Optimizer.__init__
+    trainer = HeadLeftOut(model=model, args=training_args(tmp_path, max_steps=2),
+                          train_dataset=Sequences(), callbacks=[callback])
+    assert torch.optim.Optimizer.__init__ is init  # noted only while create_optimizer runs
+    trainer.train()
+    assert "create_optimizer" not in vars(trainer) and torch.optim.Optimizer.__init__ is init
     orphan = next(f for f in callback.diagnosis.findings if f.code == "orphan")
     assert orphan.params == ("score.weight",)
     (source,) = orphan.source  # the helper's lines, called from the user's create_optimizer

@@ -69,6 +69,7 @@ class Attachment:
         self.watch: Watch | None = None
         self.alerts: list = []   # new findings of a whole-run watch, for the framework's logger
         self._recording = None   # (context, recorder) while the trainer builds its optimizers
+        self._recorded = None    # the recorder of a `record_during` call that has ended
 
     def record_sources(self) -> None:
         """Note where the optimizers' groups are built from now until `start` (the trainer
@@ -77,13 +78,32 @@ class Attachment:
         context = record_optimizer_sources()
         self._recording = (context, context.__enter__())
 
+    def record_during(self, owner, name: str) -> None:
+        """Note where the groups are built only while `owner.<name>(...)` runs, once (the
+        HF Trainer's `create_optimizer`): an instance attribute stands in for the method and
+        takes itself off at that call, so no patch outlives it, even if it never comes."""
+        if name in vars(owner):
+            return
+        original, attachment = getattr(owner, name), self
+
+        def during(*args, **kwargs):
+            vars(owner).pop(name, None)
+            with record_optimizer_sources() as recorder:
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    attachment._recorded = recorder
+        setattr(owner, name, during)
+
     def end_recording(self, optimizers=()) -> list:
         """Stop noting (the patches come off, whatever happens next) and return the records
-        of `optimizers`' groups; [] when nothing was being recorded."""
-        if self._recording is None:
+        of `optimizers`' groups; [] when nothing was recorded."""
+        recorder, self._recorded = self._recorded, None
+        if self._recording is not None:
+            (context, recorder), self._recording = self._recording, None
+            context.__exit__(None, None, None)
+        if recorder is None:
             return []
-        (context, recorder), self._recording = self._recording, None
-        context.__exit__(None, None, None)
         unwrapped = [getattr(o, "optimizer", o) for o in optimizers]
         return sources_for(recorder, unwrapped)
 

@@ -40,10 +40,13 @@ class DiagkitCallback(TrainerCallback, Watching):
         self._start_watching(watch_options)
 
     def on_init_end(self, args, state, control, **kwargs):
-        """The Trainer builds its optimizer inside `train()`, before `on_train_begin`: from
-        here on where its groups are built is noted (a `create_optimizer` the user overrode
-        is then the finding's lever; `measure.provenance`)."""
-        self._run.record_sources()
+        """The Trainer builds its optimizer inside `train()`, in `create_optimizer`, before
+        `on_train_begin`: where its groups are built is noted during that call (a
+        `create_optimizer` the user overrode is then the finding's lever;
+        `measure.provenance`)."""
+        trainer = _calling_trainer()
+        if trainer is not None:
+            self._run.record_during(trainer, "create_optimizer")
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         self._trainer = _calling_trainer()
