@@ -11,7 +11,7 @@ OUT    ?= out/demo
 WORKERS ?= 3
 XDIST   := -n $(WORKERS) --dist loadgroup
 
-.PHONY: setup system test test-fast demo data bench clean
+.PHONY: setup system test test-fast demo docs data bench clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,11 @@ test-fast: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/diagkit demo --out $(OUT)
+
+# The docs: docs/*.md into out/docs/ (mkdocs.yml; --strict: a broken link or anchor fails it).
+# Offline: the theme ships inside mkdocs, and the pages load nothing from outside.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --clean --site-dir out/docs
 
 # Overhead of observation (time, memory, report build): prints a table, writes JSON.
 # ~25 min on 2 CPUs (section I, the whole run, ~15 of them: `--skip whole` leaves it out);

@@ -1,26 +1,21 @@
-"""The README's "Diagnose your real training run" section: every Python snippet in it runs as
-written, on a small model with a planted orphan, and finds it."""
+"""The watch snippets run as written, on a small model with a planted orphan, and find it: the
+README's "Diagnose your real training run", docs/watch.md, "Diagnose your real training run"
+(the same two lines, on the page that stands alone), and docs/whole-run.md, "The whole run"."""
 
 from __future__ import annotations
 
 import logging
-import re
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 import diagkit
+import doc_blocks
 
-ROOT = Path(__file__).resolve().parents[2]
-SECTION = "## Diagnose your real training run"
-
-
-def section_blocks(lang: str) -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    body = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
-    return re.findall(rf"```{lang}\n(.*?)```", body, flags=re.S)
+ROOT = doc_blocks.ROOT
+PLAIN_LOOP = {"README.md": "## Diagnose your real training run", "docs/watch.md": None}
+WHOLE_RUN = ROOT / "docs/whole-run.md"
 
 
 def plain_names() -> dict:
@@ -33,17 +28,21 @@ def plain_names() -> dict:
             "loss_fn": lambda m, batch: m(batch).pow(2).mean()}
 
 
-def test_the_section_exists_before_targets():
+def test_the_readme_shows_the_watch_before_anything_else():
+    """A newcomer meets the two lines right after `make demo` and `make test`."""
     text = (ROOT / "README.md").read_text()
-    assert text.index(SECTION) < text.index("## Telling diagkit what to run: targets")
-    assert section_blocks("python"), "no Python snippet in the section"
+    headings = [title for level, title, _ in doc_blocks.headings(text) if level == 2]
+    assert headings[0] == "Diagnose your real training run"
+    assert doc_blocks.snippet(ROOT / "README.md", "diagkit.watch(", PLAIN_LOOP["README.md"]) \
+        == doc_blocks.snippet(ROOT / "docs/watch.md", "diagkit.watch(")
 
 
-def test_the_plain_loop_snippet_runs_and_finds_the_orphan(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("page", PLAIN_LOOP)
+def test_the_plain_loop_snippet_runs_and_finds_the_orphan(page, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    snippet = next(b for b in section_blocks("python") if "diagkit.watch(" in b)
+    snippet = doc_blocks.snippet(ROOT / page, "# your loop, unchanged", PLAIN_LOOP[page])
     names = plain_names()
-    exec(compile(snippet, "README.md", "exec"), names)
+    exec(compile(snippet, page, "exec"), names)
     diag = names["watch"].diagnosis
     assert diag.verdicts()["2.weight"] == {"orphan", "grad_not_cleared"}
     assert diag.verdicts()["0.weight"] == {"ok"}
@@ -51,8 +50,9 @@ def test_the_plain_loop_snippet_runs_and_finds_the_orphan(tmp_path, monkeypatch,
     assert "worst=error" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("command", [c for b in section_blocks("bash")
-                                     for c in b.splitlines() if c.startswith("torchrun")])
+@pytest.mark.parametrize("command", [c for page in doc_blocks.pages()
+                                     for b in doc_blocks.blocks(page, "bash")
+                                     for c in b.body.splitlines() if c.startswith("torchrun")])
 def test_the_torchrun_commands_name_an_example_that_exists(command):
     script = next(part for part in command.split() if part.endswith(".py"))
     assert (ROOT / script).is_file()  # tests/e2e/test_watch_jobs.py runs it under torchrun
@@ -62,7 +62,7 @@ def test_the_whole_run_snippet_logs_the_orphan_at_the_step_and_saves_it(tmp_path
                                                                         caplog):
     from diagkit.run import watch_ends
     monkeypatch.chdir(tmp_path)
-    snippet = next(b for b in section_blocks("python") if "steps=None" in b)
+    snippet = doc_blocks.snippet(WHOLE_RUN, "steps=None")
     torch.manual_seed(0)
     model = nn.Sequential()
     model.backbone = nn.Sequential(nn.Linear(4, 8), nn.ReLU()).requires_grad_(False)
@@ -73,13 +73,13 @@ def test_the_whole_run_snippet_logs_the_orphan_at_the_step_and_saves_it(tmp_path
              "loss_fn": lambda m, batch: m(batch).pow(2).mean()}
     try:
         with caplog.at_level(logging.INFO, logger="diagkit"):
-            exec(compile(snippet, "README.md", "exec"), names)
+            exec(compile(snippet, "docs/whole-run.md", "exec"), names)
     finally:
         watch_ends._end_live("stop")  # the snippet keeps no Watch: it would end at exit
     lines = [r.getMessage() for r in caplog.records if r.name == "diagkit"]
     assert lines[0].startswith("diagkit: step 500: wiring changed: backbone.0.weight")
     assert lines[1].startswith("diagkit: step 501: orphan (error) in backbone (2 tensors)")
-    readme = (ROOT / "README.md").read_text()
-    assert lines[0] in readme and lines[1].split(", ...")[0][:120] in readme
+    page = WHOLE_RUN.read_text()  # the log lines it shows are the ones logged
+    assert lines[0] in page and lines[1].split(", ...")[0][:120] in page
     (orphan,) = [f for f in diagkit.load(tmp_path / "diag").findings if f.code == "orphan"]
     assert (orphan.module, orphan.since) == ("backbone", 501)

@@ -1,28 +1,28 @@
-"""The README's HF Trainer, Lightning and accelerate snippets run as written (with the objects
-they name built small here) and each finds the planted bug."""
+"""The HF Trainer, Lightning and accelerate snippets run as written (with the objects they name
+built small here) and each finds the planted bug: the README's and those of
+docs/integrations.md, "In a Hugging Face `Trainer`, Lightning or accelerate run"."""
 
 from __future__ import annotations
-
-import re
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 import diagkit
+import doc_blocks
 from integration_helpers import Sequences, tiny_classifier
 
-SUBSECTION = "### In a Hugging Face `Trainer`, Lightning or accelerate run"
+# (page, section): the README's subsection, and the page that stands alone.
+PAGES = {"README.md": "### In a Hugging Face `Trainer`, Lightning or accelerate run",
+         "docs/integrations.md": None}
 
 
-def snippet(marker: str) -> str:
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    body = text.split(SUBSECTION, 1)[1].split("\n## ", 1)[0]
-    return next(b for b in re.findall(r"```python\n(.*?)```", body, flags=re.S) if marker in b)
+def snippet(page: str, marker: str) -> str:
+    return doc_blocks.snippet(doc_blocks.ROOT / page, marker, PAGES[page])
 
 
-def test_the_hf_trainer_snippet(tmp_path, monkeypatch):
+@pytest.mark.parametrize("page", PAGES)
+def test_the_hf_trainer_snippet(page, tmp_path, monkeypatch):
     from transformers import Trainer, TrainingArguments
     monkeypatch.chdir(tmp_path)
     model = tiny_classifier()
@@ -34,13 +34,14 @@ def test_the_hf_trainer_snippet(tmp_path, monkeypatch):
                                    if not n.startswith("score")], lr=1e-3)
     names = {"Trainer": lambda **kw: Trainer(**kw, optimizers=(optimizer, None)),
              "model": model, "args": args, "data": Sequences()}
-    exec(compile(snippet("transformers"), "README.md", "exec"), names)
+    exec(compile(snippet(page, "transformers"), page, "exec"), names)
     diag = diagkit.load(tmp_path / "diag")
     assert diag.verdicts()["score.weight"] == {"orphan"}
     assert diag.meta["steps_observed"] == 3
 
 
-def test_the_lightning_snippet(tmp_path, monkeypatch):
+@pytest.mark.parametrize("page", PAGES)
+def test_the_lightning_snippet(page, tmp_path, monkeypatch):
     L = pytest.importorskip("lightning")
     monkeypatch.chdir(tmp_path)
 
@@ -58,13 +59,14 @@ def test_the_lightning_snippet(tmp_path, monkeypatch):
     torch.manual_seed(0)
     loader = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(torch.randn(24, 4)), batch_size=4)
-    exec(compile(snippet("lightning"), "README.md", "exec"),
+    exec(compile(snippet(page, "lightning"), page, "exec"),
          {"module": Module(), "loader": loader})
     v = diagkit.load(tmp_path / "diag").verdicts()
     assert v["dead.weight"] == {"unused"} and v["body.weight"] == {"ok"}
 
 
-def test_the_accelerate_snippet(tmp_path, monkeypatch):
+@pytest.mark.parametrize("page", PAGES)
+def test_the_accelerate_snippet(page, tmp_path, monkeypatch):
     accelerate = pytest.importorskip("accelerate")
     from accelerate.state import AcceleratorState
     monkeypatch.chdir(tmp_path)
@@ -76,7 +78,7 @@ def test_the_accelerate_snippet(tmp_path, monkeypatch):
         loader = torch.utils.data.DataLoader(torch.randn(12, 4), batch_size=4)
         names = {"diagkit": diagkit, "accelerator": accelerate.Accelerator(cpu=True),
                  "model": model, "optimizer": optimizer, "loader": loader}
-        exec(compile(snippet("accelerator.prepare"), "README.md", "exec"), names)
+        exec(compile(snippet(page, "accelerator.prepare"), page, "exec"), names)
         for batch in names["loader"]:
             names["optimizer"].zero_grad()
             names["accelerator"].backward(names["model"](batch).sum())

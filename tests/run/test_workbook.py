@@ -179,9 +179,11 @@ def test_a_notebook_checks_itself_against_the_cell_it_ran(tmp_path, monkeypatch)
         notebook.check_parameters({})  # no history, no notebook: says where it looked
 
 
-def test_readme_parameter_table_is_the_notebook_cell():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("## The workbook"):readme.index("## The result")]
+def test_the_docs_parameter_table_is_the_notebook_cell():
+    """docs/workbook.md, "Parameters": the table is the cell, name for name, default for default."""
+    page = (Path(__file__).resolve().parents[2] / "docs/workbook.md").read_text()
+    section = page[page.index("\n## Parameters\n"):]
+    section = section[:section.index("\n## ", 1)]
     rows = re.findall(r"^\| `(\w+)` \| `(.*?)` \| .* \|$", section, re.M)
     declared = contract.parameters(contract.DIAGNOSE)
     assert [name for name, _ in rows] == list(declared)
@@ -215,9 +217,9 @@ def test_papermill_help_notebook_lists_every_parameter(path):
         assert shown.startswith("Optional[") == optional, (name, shown)
 
 
-def test_the_readme_headless_command_draws_no_papermill_warning(tmp_path):
-    """README "The workbook", Headless: `papermill ... -p target ... -p steps N` (steps is
-    `Optional[int]`: papermill used to warn that it is unknown)."""
+def test_the_documented_headless_command_draws_no_papermill_warning(tmp_path):
+    """docs/workbook.md, "Interactive, headless, report": `papermill ... -p target ... -p steps N`
+    (steps is `Optional[int]`: papermill used to warn that it is unknown)."""
     run = subprocess.run([PAPERMILL, str(DIAGNOSE), str(tmp_path / "out.ipynb"), "-p", "target",
                           "diagkit.demos:clean", "-p", "steps", "2", "-p", "interactive",
                           "False"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
