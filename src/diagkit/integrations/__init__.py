@@ -15,6 +15,7 @@ one `Attachment` per training run.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 
@@ -78,10 +79,11 @@ class Attachment:
         context = record_optimizer_sources()
         self._recording = (context, context.__enter__())
 
-    def record_during(self, owner, name: str) -> None:
+    def record_during(self, owner, name: str, after=None) -> None:
         """Note where the groups are built only while `owner.<name>(...)` runs, once (the
         HF Trainer's `create_optimizer`): an instance attribute stands in for the method and
-        takes itself off at that call, so no patch outlives it, even if it never comes."""
+        takes itself off at that call, so no patch outlives it, even if it never comes.
+        `after(args, kwargs)`: called as the call returns, to note what it built then."""
         if name in vars(owner):
             return
         original, attachment = getattr(owner, name), self
@@ -90,9 +92,13 @@ class Attachment:
             vars(owner).pop(name, None)
             with record_optimizer_sources() as recorder:
                 try:
-                    return original(*args, **kwargs)
+                    result = original(*args, **kwargs)
                 finally:
                     attachment._recorded = recorder
+            if after is not None:
+                with contextlib.suppress(Exception):  # an extra: never into the trainer
+                    after(args, kwargs)
+            return result
         setattr(owner, name, during)
 
     def end_recording(self, optimizers=()) -> list:
@@ -107,13 +113,16 @@ class Attachment:
         unwrapped = [getattr(o, "optimizer", o) for o in optimizers]
         return sources_for(recorder, unwrapped)
 
-    def start(self, model, optimizers, *, main_process: bool, first_step: int = 0) -> Watch:
+    def start(self, model, optimizers, *, main_process: bool, first_step: int = 0,
+              sources=None) -> Watch:
         """Watch `model` under `optimizers`. Only the main process writes `out`: under a process
         group watch itself leaves it to rank 0 (every rank must still watch, to be gathered);
         without one (several processes that share no group) the others get no `out`.
-        `first_step`: the trainer's global step (a resumed run goes on counting from it)."""
-        sources = self.end_recording(optimizers if isinstance(optimizers, (list, tuple))
-                                     else [optimizers])
+        `first_step`: the trainer's global step (a resumed run goes on counting from it).
+        `sources`: the groups' records when the callback made them (else the recording's)."""
+        recorded = self.end_recording(optimizers if isinstance(optimizers, (list, tuple))
+                                      else [optimizers])
+        sources = recorded if sources is None else sources
         self.stop()
         if optimizers is None or (isinstance(optimizers, (list, tuple)) and not optimizers):
             raise DiagkitError("the trainer has no optimizer yet: nothing to watch")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import sys
 
 from . import Watching, alert_metrics, require
+from ._trainer_optimizer import OptimizerOrigin
 
 require("transformers", __name__, "diagkit[transformers]")
 
@@ -43,15 +44,22 @@ class DiagkitCallback(TrainerCallback, Watching):
         """The Trainer builds its optimizer inside `train()`, in `create_optimizer`, before
         `on_train_begin`: where its groups are built is noted during that call (a
         `create_optimizer` the user overrode is then the finding's lever;
-        `measure.provenance`)."""
+        `measure.provenance`), and what the Trainer's own built from as it returns. An
+        optimizer passed as `optimizers=` is here already: the user's call is read now
+        (`_trainer_optimizer`)."""
         trainer = _calling_trainer()
+        self._origin = OptimizerOrigin()
         if trainer is not None:
-            self._run.record_during(trainer, "create_optimizer")
+            self._origin.note_handed(trainer, _constructor_caller(trainer))
+            self._run.record_during(trainer, "create_optimizer", after=lambda a, k: (
+                self._origin.note_built(trainer, a, k)))
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         self._trainer = _calling_trainer()
+        origin = getattr(self, "_origin", None) or OptimizerOrigin()
+        sources = origin.records(self._run.end_recording([optimizer]), optimizer, model)
         self._run.start(model, optimizer, main_process=state.is_world_process_zero,
-                        first_step=state.global_step)
+                        first_step=state.global_step, sources=sources)
 
     def on_step_end(self, args, state, control, **kwargs):
         """A whole-run watch's new findings reach `Trainer.log` (TensorBoard, W&B, MLflow:
@@ -81,3 +89,14 @@ def _calling_trainer():
             return candidate
         frame = frame.f_back
     return None
+
+
+def _constructor_caller(trainer):
+    """The frame that called `Trainer(...)` (above every `__init__` of `trainer`, a
+    subclass's included), or None."""
+    frame, caller = sys._getframe(1), None
+    while frame is not None:
+        if frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is trainer:
+            caller = frame.f_back
+        frame = frame.f_back
+    return caller

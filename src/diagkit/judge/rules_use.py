@@ -4,9 +4,8 @@ Each rule is followed by the explanation of its findings (see `diagkit.judge.ver
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..core.schema import is_dtensor_placement
+from .levers import trainer_lever, user_hook
 from .verdict import in_optimizer, per_tensor, rg_used_counts, verdict
 from .wording import accessor, iter_expr, params_expr, subject, trend
 
@@ -31,7 +30,7 @@ def _explain_orphan(label, group, steps):
     fix = f'optimizer.add_param_group({{"params": {expr}}})'
     freeze = (f"  — or, if it should stay fixed, freeze it: for p in {iter_expr(label, group)}: "
               "p.requires_grad_(False)")
-    hook = _built_in_hook(group)
+    hook = user_hook(group)
     if hook is not None:
         name, where = hook
         return message, (f"Put it in the optimizer your `{name}` builds ({where}): include "
@@ -47,6 +46,9 @@ def _explain_orphan(label, group, steps):
                     "not_in_model), not these.")
         return message, ("Build the optimizer after sharding: fully_shard(...) every module "
                          "first, then torch.optim.AdamW(model.parameters(), ...).")
+    trainer = trainer_lever(group, expr, freeze)
+    if trainer is not None:
+        return message + trainer[0], trainer[1]
     prefixed = [n for n in names if n.startswith("module.")]
     if prefixed:
         # A `module.` name is what the target's own code saw (diagkit's own DDP wrap adds no
@@ -61,25 +63,6 @@ def _explain_orphan(label, group, steps):
 
 _UNDER_ZERO = (" The model runs under DeepSpeed: ZeRO's optimizer was built from a torch "
                "optimizer that did not hold it, so ZeRO neither partitions nor updates it.")
-
-
-# The framework hooks in which a user builds the optimizer a trainer then uses: the lever.
-_HOOKS = ("configure_optimizers", "create_optimizer")
-
-
-def _built_in_hook(group) -> tuple[str, str] | None:
-    """(the hook, file:line) when the optimizer's groups were built in a framework's hook the
-    user wrote, or in a function it called (recorded by the callback: `measure.provenance`),
-    else None."""
-    for record in group.attrs.get("sources") or ():
-        library = any(part in ("site-packages", "dist-packages")  # the framework's own hook
-                      for part in Path(record.get("file", "")).parts)
-        frames = [[record.get("function"), record.get("file", ""), record.get("line")],
-                  *record.get("callers", [])]
-        for function, file, line in ([] if library else frames):
-            if function in _HOOKS:
-                return function, f"{Path(file).name}:{line}"
-    return None
 
 
 def _context_wrappers(group):

@@ -32,7 +32,18 @@ def finding_sources(code: str, group: pd.DataFrame, params: pd.DataFrame,
     chosen = [by_pair[p] for p in sorted(pairs) if p in by_pair]
     if code == "orphan" and not chosen:
         chosen = [by_pair[p] for p in sorted(by_pair)]
-    return tuple(dict(s) for s in chosen[:MAX_SOURCES])
+    return tuple(_own(s, set(group["name"])) for s in chosen[:MAX_SOURCES])
+
+
+# Names noted with a framework's optimizer (`integrations._trainer_optimizer`): the model's
+# tensors frozen, or not yet there, when it was built. A finding keeps only its own.
+_NAME_LISTS = ("frozen_then", "absent_then")
+
+
+def _own(record: dict, names: set) -> dict:
+    """A copy of `record` whose name lists hold only the finding's tensors."""
+    return {k: ([n for n in v if n in names] if k in _NAME_LISTS else v)
+            for k, v in record.items()}
 
 
 def _pairs(memberships) -> set[tuple[int, int]]:

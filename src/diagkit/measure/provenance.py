@@ -140,13 +140,15 @@ def _user_site(frame, walk: bool = True) -> dict | None:
 
 def _user_callers(frame, most: int = 6) -> list[list]:
     """[function, file, line] of the user's frames that called the site's, outward until the
-    first one of an installed package (a framework that called the user's hook) or torch."""
+    first one of an installed package (a framework that called the user's hook) or torch.
+    diagkit's own frames (a callback's stand-in for the hook it records) are passed over."""
     found = []
     while frame is not None and len(found) < most:
         file = os.path.abspath(frame.f_code.co_filename)
         if file.startswith(_TORCH) or file.startswith("<") or _installed(file):
             break
-        found.append([frame.f_code.co_name, file, frame.f_lineno])
+        if not file.startswith(_DIAGKIT) or file.startswith(_DEMOS):
+            found.append([frame.f_code.co_name, file, frame.f_lineno])
         frame = frame.f_back
     return found
 
@@ -193,6 +195,27 @@ def _from_call(file: str, scope, stmt, group: int, how: str) -> dict:
     found = (_lines(file, made, "assigned", also=stmt) if made is not None
              else _lines(file, stmt, how))
     return {**found, "call_line": stmt.lineno}
+
+
+def listed_group_lines(file: str, call_line: int, group: int, groups: int) -> dict | None:
+    """Group `group`'s element of the first literal list of `groups` groups
+    (`[{"params": ...}, ...]`) assigned, in the function of the call at `call_line`, to the
+    name that call passes. For a library's construction whose groups were checked to be that
+    list's (the HF Trainer's), where the last assignment before the call (what `_from_call`
+    shows) may be a branch that did not run. None when there is no such list."""
+    tree, stmt, func = _statement(file, call_line)
+    call = _outer_call(stmt)
+    name = call.args[0] if call is not None and call.args else None
+    if func is None or not isinstance(name, ast.Name):
+        return None
+    lists = sorted((n for n in ast.walk(func) if isinstance(n, ast.Assign)
+                    and n.lineno < call_line and isinstance(n.value, ast.List)
+                    and any(isinstance(t, ast.Name) and t.id == name.id for t in n.targets)
+                    and all(isinstance(e, ast.Dict) for e in n.value.elts)),
+                   key=lambda n: n.lineno)
+    if not lists or len(lists[0].value.elts) != groups:
+        return None
+    return {**_lines(file, lists[0].value.elts[group], "trainer"), "call_line": call_line}
 
 
 def _statement(file: str, line: int):

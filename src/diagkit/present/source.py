@@ -11,7 +11,9 @@ import os
 
 _HOW = {"call": "built at", "assigned": "its tensors listed at",
         "watch": "built at (found from the watch(...) call)",
-        "watch_call": "built before diagkit.watch(...), handed over at"}
+        "watch_call": "built before diagkit.watch(...), handed over at",
+        "trainer": "built by the Trainer's create_optimizer at",
+        "handed": "handed to Trainer(optimizers=...) at"}
 
 
 def short_path(file: str) -> str:
@@ -24,10 +26,14 @@ def short_path(file: str) -> str:
 
 
 def source_label(s: dict) -> str:
-    """'optimizer 0 group 0 (AdamW), built at src/x.py:103'."""
+    """'optimizer 0 group 0 (AdamW), built at src/x.py:103' (no location when none is
+    known: an optimizer handed to a Trainer from code diagkit could not read)."""
+    head = f"optimizer {s.get('optimizer')} group {s.get('group')} ({s.get('class', '?')})"
+    how = _HOW.get(s.get("how"), "built at")
+    if not s.get("file", "?"):
+        return f"{head}, {how.removesuffix(' at')}"
     where = f"{short_path(str(s.get('file', '?')))}:{s.get('line', '?')}"
-    return (f"optimizer {s.get('optimizer')} group {s.get('group')} ({s.get('class', '?')}), "
-            f"{_HOW.get(s.get('how'), 'built at')} {where}")
+    return f"{head}, {how} {where}"
 
 
 def source_text(sources, indent: str) -> list[str]:

@@ -1,6 +1,6 @@
 """A watch over the whole run (`watch(..., steps=None, every=k)`): observe one optimizer step in
 `every`, see each wiring change at the step it happens, judge window by window, and say each
-new problem once, as it appears (README, "The whole run").
+new problem once, as it appears (docs/whole-run.md, "The whole run").
 
 How a run is cut:
 - a **burst**: at the start and right after each wiring change (`measure.wiring`), the next
@@ -153,8 +153,12 @@ class WholeRun:
         return joined
 
     def judge(self, rows: list[dict], steps) -> Diagnosis:
-        return judge_observation(Observation(rows, steps, None,
-                                             {"optimizers": len(self.optimizers)}))
+        """One window's verdicts; its findings show where the groups were built, as the
+        final diagnosis's do (the announced line and the timeline name the same lever)."""
+        sources = getattr(self.watch, "sources", None)
+        return judge_observation(Observation(rows, steps, None, {
+            "optimizers": len(self.optimizers),
+            **({"optimizer_sources": sources} if sources else {})}))
 
     # ---------------------------------------------------------------- announcing
     def _announce(self, span) -> None:
