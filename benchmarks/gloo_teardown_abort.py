@@ -14,7 +14,7 @@ with `--ending destroy`).
     .venv/bin/python benchmarks/gloo_teardown_abort.py --variant none --ending no-destroy --gdb
 
 `--gdb` runs each rank under gdb and prints the aborting thread's stack and every thread's
-when a rank aborts (README, "Development": what is known of this abort).
+when a rank aborts (docs/development.md, "Tests": what is known of this abort).
 """
 
 from __future__ import annotations

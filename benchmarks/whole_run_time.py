@@ -1,4 +1,5 @@
-"""I. The whole-run watch (`diagkit.watch(..., steps=None, every=100)`), README "The whole run".
+"""I. The whole-run watch (`diagkit.watch(..., steps=None, every=100)`), docs/whole-run.md,
+"The whole run".
 
 - **Whole-run overhead**: interleaved rounds of one block of `n` plain steps and one block of
   the same `n` steps under a fresh whole-run watch (its start burst of 4 observed steps, one

@@ -3,7 +3,7 @@
 It carries two wiring bugs that train "fine": the optimizer is built from a name filter that
 misses the classifier head (`head.*` never moves, and its .grad grows), and an auxiliary
 projection is built but never called. The lines marked `# diagkit` are all it takes to find them
-(README, "Diagnose your real training run"); removed, the script runs as it always did.
+(docs/watch.md, "Diagnose your real training run"); removed, the script runs as it always did.
 """
 
 import torch

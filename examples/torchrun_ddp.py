@@ -3,7 +3,7 @@
 The bug: the backbone is frozen while the head warms up, and unfrozen *after* DDP was built.
 DDP only synchronises what required grad when it was built, so every rank now trains its own
 backbone on its own data: the ranks silently stop training one model. The lines marked
-`# diagkit` are all it takes (README, "Diagnose your real training run"): every rank observes,
+`# diagkit` are all it takes (docs/watch.md, "Inside your torchrun job"): every rank observes,
 rank 0 gathers them over the job's own process group and writes `diag/`.
 
     torchrun --nproc-per-node 2 examples/torchrun_ddp.py

@@ -10,7 +10,7 @@ and the call returns only once they are gone.
 A rank that exits with its gloo process group still alive can abort *after* its work, at
 interpreter teardown, with "terminate called without an active exception" (SIGABRT, no Python
 frame left; torchrun then stops the other ranks with SIGTERM): torch's own, reproduced without
-diagkit by `benchmarks/gloo_teardown_abort.py --ending no-destroy` (README, "Development").
+diagkit by `benchmarks/gloo_teardown_abort.py --ending no-destroy` (docs/development.md, "Tests").
 Every job diagkit and these tests run destroys its group, so it should not happen; a job whose
 only fault is that is still judged by what it wrote and printed, which every test checks in
 full.

@@ -1,5 +1,5 @@
 """A pytest plugin (loaded by conftest.py): how the suite is split into tiers and spread over
-pytest-xdist's workers (README, "Development": `make test`, `make test-fast`).
+pytest-xdist's workers (docs/development.md, "Tests": `make test`, `make test-fast`).
 
 - **Tiers.** A test is `slow` when it runs whole jobs in other processes (torchrun, papermill,
   a browser, a wheel build, the CLI in a subprocess): every test of tests/e2e/ and

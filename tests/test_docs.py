@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from doc_blocks import DOCS, README, ROOT, anchors, blocks, pages, prose, rel, snippet
+from doc_blocks import (DOCS, README, ROOT, anchors, blocks, headings, pages, prose, rel,
+                        snippet)
 
 FRONT_PAGE_LINES = 250
 NOT_RUN_AT_MOST = 3  # fragments and torchrun-only blocks: keep them few
@@ -103,6 +104,45 @@ def test_every_docs_page_is_in_the_mkdocs_nav():
         titles = [line for line in prose(page.read_text()).splitlines()
                   if line.startswith("# ")]
         assert len(titles) == 1 and page.read_text().startswith("# "), rel(page)
+
+
+CITING = ("src", "tests", "benchmarks", "examples", "notebooks", "scripts")
+CITATION = re.compile(r"(?P<page>README|docs/[\w-]+\.md)(?:'s)?[,:]?\s+\\?\"(?P<title>[^\"\\]+)\\?\"")
+
+
+def citing_files():
+    for top in CITING:
+        for path in sorted((ROOT / top).rglob("*")):
+            if (path.suffix in (".py", ".ipynb", ".md") and "egg-info" not in str(path)
+                    and path.name not in ("test_docs.py", "doc_blocks.py")):  # the readers
+                yield path
+    yield from (ROOT / name for name in ("pyproject.toml", "Makefile", "mkdocs.yml"))
+
+
+def section_titles(page):
+    """What a citation may name: a heading (or the start of one), or a bold list label."""
+    text = prose(page.read_text())
+    titles = [t.replace("`", "") for _, t, _ in headings(text)]
+    return titles + re.findall(r"^\s*- \*\*([^*]+?)\*\*", text, re.M)
+
+
+def test_every_citation_names_a_page_and_a_section_that_exist():
+    """`docs/whole-run.md, "The whole run"`, `README, "Verdicts"`: the page exists and has that
+    section, so a section that moves cannot leave its citations behind."""
+    wrong = []
+    for path in citing_files():
+        text = path.read_text()
+        flat = re.sub(r"\s*\n\s*(?:#\s*|\"\s*)?", " ", text)  # citations wrapped over lines
+        for page in set(re.findall(r"\bdocs/[\w-]+\.md\b", text)):
+            if not (ROOT / page).is_file():
+                wrong.append(f"{rel(path)}: {page} does not exist")
+        for m in CITATION.finditer(flat):
+            page = ROOT / m["page"] if m["page"] != "README" else README
+            title = m["title"].replace("`", "").strip()
+            if page.is_file() and not any(s.startswith(title)
+                                          for s in section_titles(page)):
+                wrong.append(f"{rel(path)}: {m['page']} has no section {title!r}")
+    assert not wrong, "\n".join(sorted(set(wrong)))
 
 
 def test_mkdocs_builds_the_docs_strictly_and_offline(tmp_path):

@@ -1,11 +1,11 @@
 """FSDP1 (`FullyShardedDataParallel`) with `use_orig_params=True` under a real torchrun of 2
-processes on gloo (README "Engines: what is observed, what is refused"): one unit over the
-whole model, and one unit per Linear (nested units, whose names carry FSDP's
+processes on gloo (docs/distributed.md, "Engines: what is observed, what is refused"): one unit over
+the whole model, and one unit per Linear (nested units, whose names carry FSDP's
 `_fsdp_wrapped_module.`). Each with a planted orphan (`head2`, trained by the loss, held by no
 optimizer) and its clean twin. Each rank holds a slice of each tensor (some none at all), and
-autograd reaches only the views FSDP makes inside forward; the oracle is the same model, data
-and bug under DDP: every gradient, `.grad` and change norm must match it, and the names,
-shapes, lr and decay must be the model's."""
+autograd reaches only the views FSDP makes inside forward; the oracle is the same model, data and
+bug under DDP: every gradient, `.grad` and change norm must match it, and the names, shapes, lr and
+decay must be the model's."""
 
 from __future__ import annotations
 

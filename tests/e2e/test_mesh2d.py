@@ -1,9 +1,9 @@
-"""2-D meshes under a real torchrun of 4 processes on gloo (README "Engines"): FSDP2 over
-tensor parallelism (a (dp, tp) mesh; the TP-sharded weights get `_StridedShard` placements)
-and HSDP (a (replicate, shard) mesh). Each with a planted orphan (`head2`, trained by the loss,
-held by no optimizer) and its clean twin. The measured gradient norms must be those of the
-whole tensors, which the program computes itself with `full_tensor()`. One job runs all four
-watches, to keep the test short."""
+"""2-D meshes under a real torchrun of 4 processes on gloo (docs/distributed.md, "Engines"): FSDP2
+over tensor parallelism (a (dp, tp) mesh; the TP-sharded weights get `_StridedShard` placements) and
+HSDP (a (replicate, shard) mesh). Each with a planted orphan (`head2`, trained by the loss, held by
+no optimizer) and its clean twin. The measured gradient norms must be those of the whole tensors,
+which the program computes itself with `full_tensor()`. One job runs all four watches, to keep the
+test short."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`diagkit check TARGET --meta`, the real console script as a subprocess: a LLaMA model with a
 peft LoRA wrapper built after its optimizer (the optimizer-before-wrap bug), tiny and at 70B,
-and the one-line refusals of what a dry run cannot do (README "Dry run on meta")."""
+and the one-line refusals of what a dry run cannot do (docs/meta.md, "Dry run on meta")."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ MEASURED = textwrap.dedent('''
 
 def test_the_70b_llama_lora_dry_run(tmp_path):
     """70.6B parameters (263 GiB in float32) in well under a minute and under 1.5 GiB of peak
-    RSS (the README records about 12 s and 459 MiB on this machine)."""
+    RSS (docs/meta.md records about 12 s and 459 MiB on this machine)."""
     out = tmp_path / "run.json"
     started = time.perf_counter()
     run = subprocess.run([sys.executable, "-c", MEASURED, "check", TARGET, "--meta", "--json",

@@ -1,9 +1,9 @@
-"""A 2-stage pipeline (`torch.distributed.pipelining`, GPipe over 2 micro-batches) under a
-real torchrun of 2 processes on gloo (README "Engines"). Each rank watches its own stage; rank
-0 joins the ranks' inventories by name, with the stage that holds each tensor. The planted
-orphan (`head2`, on the last stage, trained by the loss, held by no optimizer) must be found
-and be the only error; the clean twin is all `ok`; no tensor held by one stage is compared
-across ranks. The one-shot watch and the whole-run watch, both in one job."""
+"""A 2-stage pipeline (`torch.distributed.pipelining`, GPipe over 2 micro-batches) under a real
+torchrun of 2 processes on gloo (docs/distributed.md, "Engines"). Each rank watches its own stage;
+rank 0 joins the ranks' inventories by name, with the stage that holds each tensor. The planted
+orphan (`head2`, on the last stage, trained by the loss, held by no optimizer) must be found and be
+the only error; the clean twin is all `ok`; no tensor held by one stage is compared across ranks.
+The one-shot watch and the whole-run watch, both in one job."""
 
 from __future__ import annotations
 

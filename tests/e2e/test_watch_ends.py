@@ -1,5 +1,5 @@
 """Every way a watched run can end before `steps` writes `out` with the steps observed so far
-(README, "Diagnose your real training run"): the loop ends, an exception, Ctrl-C, SIGTERM
+(docs/watch.md, "Diagnose your real training run"): the loop ends, an exception, Ctrl-C, SIGTERM
 (alone, or handed on to the user's own handler), `sys.exit`; and a save that fails is one line
 on stderr, with the exit code the run would have had anyway.
 

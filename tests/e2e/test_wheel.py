@@ -59,9 +59,9 @@ def test_the_compare_notebook_finds_its_shipped_defaults(installed, tmp_path):
 
 
 def test_notebooks_copied_out_of_the_wheel_run_and_demo_works(installed, tmp_path):
-    """`diagkit notebooks DIR`, then both notebooks run from DIR (the README's checkpoint
-    spelling found among the wheel's demo files), and `diagkit demo` (the report runner, its
-    three runs of the workbook), all far from the repo."""
+    """`diagkit notebooks DIR`, then both notebooks run from DIR (the checkpoint spelling of
+    docs/workbook.md, found among the wheel's demo files), and `diagkit demo` (the report
+    runner, its three runs of the workbook), all far from the repo."""
     proc = _run(installed, tmp_path, "-m", "diagkit.run.cli", "notebooks", "mine")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(tmp_path / "mine" / n) for n in
@@ -75,7 +75,7 @@ def test_notebooks_copied_out_of_the_wheel_run_and_demo_works(installed, tmp_pat
             " kernel_name='python3', progress_bar=False, parameters=dict(out_dir='c'))\n")
     proc = _run(installed, tmp_path, "-c", code)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # papermill's cwd moved it into mine/: relative paths are from there (README: Paths)
+    # papermill's cwd moved it into mine/: relative paths are from there (docs/workbook.md, "Paths")
     assert json.loads((tmp_path / "mine" / "d" / "findings.json").read_text())["worst"] == \
         "warning"
     assert (tmp_path / "mine" / "c" / "comparison.csv").is_file()

@@ -1,7 +1,7 @@
-"""A whole-run watch under a real torchrun job of 2 ranks (README, "The whole run"): a job
-that stops syncing (DDP dropped) at step 300 of 400 is `rank_divergent` from step 300, found
-window by window on rank 0; and a rank whose wiring changes alone (its lr schedule reaches 0
-on that rank only) is one finding from that step."""
+"""A whole-run watch under a real torchrun job of 2 ranks (docs/whole-run.md, "The whole run"): a
+job that stops syncing (DDP dropped) at step 300 of 400 is `rank_divergent` from step 300, found
+window by window on rank 0; and a rank whose wiring changes alone (its lr schedule reaches 0 on that
+rank only) is one finding from that step."""
 
 from __future__ import annotations
 

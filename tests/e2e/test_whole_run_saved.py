@@ -1,4 +1,4 @@
-"""A whole-run watch saves as it goes (README, "The whole run"): a run killed outright
+"""A whole-run watch saves as it goes (docs/whole-run.md, "The whole run"): a run killed outright
 (SIGKILL, as pre-emption ends a job) keeps everything up to its last save, and `diagkit report
 --from` renders that run while it is still going."""
 

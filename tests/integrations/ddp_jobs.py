@@ -74,5 +74,6 @@ if __name__ == "__main__":
         "nproc": None if diag is None else diag.meta.get("nproc"),
         "ranks_in_steps": None if diag is None else sorted(map(int, diag.steps["rank"].unique())),
     }))
-    if dist.is_initialized():  # a gloo group left to the exit aborts ~1 rank in 5 (README)
+    # a gloo group left to the exit aborts ~1 rank in 5 (docs/development.md, "Tests")
+    if dist.is_initialized():
         dist.destroy_process_group()

@@ -1,5 +1,5 @@
 """DeepSpeed ZeRO 1, 2 and 3 observed exactly, under a real torchrun of 2 processes
-(DS_ACCELERATOR=cpu: gloo; README "Engines: what is observed, what is refused").
+(DS_ACCELERATOR=cpu: gloo; docs/distributed.md, "Engines: what is observed, what is refused").
 
 Each stage runs a planted orphan (`head2`, trained by the loss, in no optimizer group) watched
 as the engine, and its clean twin watched as `engine.module` + ZeRO's optimizer. The oracle is

@@ -1,5 +1,5 @@
-"""DeepSpeed ZeRO through the frameworks that build the engine for the user, under a real
-torchrun of 2 processes (DS_ACCELERATOR=cpu: gloo; README "Engines: what is observed, what is
+"""DeepSpeed ZeRO through the frameworks that build the engine for the user, under a real torchrun
+of 2 processes (DS_ACCELERATOR=cpu: gloo; docs/distributed.md, "Engines: what is observed, what is
 refused"):
 
 - accelerate with a `DeepSpeedPlugin` (stages 1, 2, 3): `diagkit.watch(model, optimizer)` on

@@ -35,8 +35,8 @@ def test_each_integration_imports_its_own_framework_only():
 
 
 def test_the_70b_demo_without_peft_names_the_extra_to_install():
-    """From a wheel without the extras, the README's 70B `--meta` command ends in one line that
-    says what to install (it was "No module named 'peft'"), exit code 2."""
+    """From a wheel without the extras, the 70B `--meta` command of docs/meta.md ends in one
+    line that says what to install (it was "No module named 'peft'"), exit code 2."""
     code = ("import sys; sys.modules['peft'] = None; "  # an import of peft now fails
             "from diagkit.run.cli import main; "
             "sys.exit(main(['check', 'diagkit.demos.llama_lora:llama_lora', '--meta', "

@@ -1,9 +1,8 @@
-"""The whole-run watch under the real framework trainers (README, "The whole run"): staged
-unfreezing with Lightning's `BackboneFinetuning` done right (clean, the unfreeze on the
-timeline) and by hand forgetting the optimizer (`orphan` from that step), an HF `Trainer`
-resumed from a checkpoint (clean, or `orphan` from the resume when the rebuilt optimizer
-leaves the head out), new findings reaching the framework's logger, and `halt_on` stopping
-training cleanly."""
+"""The whole-run watch under the real framework trainers (docs/whole-run.md, "The whole run"):
+staged unfreezing with Lightning's `BackboneFinetuning` done right (clean, the unfreeze on the
+timeline) and by hand forgetting the optimizer (`orphan` from that step), an HF `Trainer` resumed
+from a checkpoint (clean, or `orphan` from the resume when the rebuilt optimizer leaves the head
+out), new findings reaching the framework's logger, and `halt_on` stopping training cleanly."""
 
 from __future__ import annotations
 

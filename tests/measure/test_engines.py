@@ -1,5 +1,5 @@
 """Engines whose tensors are not the model's are refused in one line, never judged
-(`diagkit.measure.engines`, README "Distributed runs"): an optimizer wrapper diagkit does not
+(`diagkit.measure.engines`, docs/distributed.md, "Engines"): an optimizer wrapper diagkit does not
 know, holding flat buffers, must end in that line, not in `orphan` for the whole model. The
 real bugs that look alike (a stale head after a rebuild, a scalar passed to forward) are still
 judged."""

@@ -4,7 +4,7 @@ Random tiny tensors of every dtype diagkit measures (float32/64, bfloat16, float
 bool, complex; empty, non-contiguous, ±0, subnormals, NaN, ±inf, the largest values) get
 random in-place edits over a few steps (single elements, sign flips of pairs, bit flips, NaN
 in and out, values changed while unobserved). For every `delta` mode the probe must agree with
-the oracle, as the README's "Cost of observation" states it:
+the oracle, as docs/cost.md, "Cost of observation", states it:
 
 - `changed`: any element differs, NaN equal to NaN, +0.0 equal to -0.0 (a snapshot: exact
   mode, and tensors of at most `sample` elements in the other modes); bitwise for the
@@ -184,7 +184,7 @@ def sample_estimate(probe, k, before, after) -> float:
 
 def rel(dtype: torch.dtype) -> float:
     """How close a norm must come to the float64 oracle's: a change is taken in the tensor's
-    own dtype, one rounding per element (README, "Cost of observation"), so a 16-bit tensor's
+    own dtype, one rounding per element (docs/cost.md, "Cost of observation"), so a 16-bit tensor's
     norm is within its dtype's epsilon; every wider one within 1e-5."""
     if dtype in (torch.float16, torch.bfloat16):
         return torch.finfo(dtype).eps

@@ -1,4 +1,4 @@
-"""The dry run on the meta device (`diagnose(..., device="meta")`, README "Dry run on meta"):
+"""The dry run on the meta device (`diagnose(..., device="meta")`, docs/meta.md, "Dry run on meta"):
 the wiring verdicts from one real forward and backward on meta tensors, the value verdicts
 reported as not measured and never fired, nothing allocated per parameter, bad input refused
 in one line. Real torch throughout: the models are built under `torch.device("meta")`."""

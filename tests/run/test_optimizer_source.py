@@ -170,7 +170,7 @@ def test_patches_are_removed_after_the_build_even_when_the_target_raises(two_fil
 
 
 def test_diagnose_of_objects_in_hand_has_no_source():
-    """The optimizer was built before diagkit was called: nothing to record (README)."""
+    """The optimizer was built before diagkit was called: nothing to record (docs/targets.md)."""
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
     opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
     diag = diagkit.diagnose(model, opt, batch_fn=lambda: torch.randn(4, 3),

@@ -1,7 +1,7 @@
 """An output that cannot be written in mid-run (issue 21, section 3): `check --save DIR` whose
 folder is replaced while the run goes on, `--json PATH` on a disk that fills up. Each is one
 line naming the path, exit code 2, never "internal error", and what else was promised is kept:
-the findings printed, and `--json` written (README: `--json` writes the run as it is).
+the findings printed, and `--json` written (docs/cli.md: `--json` writes the run as it is).
 
 Real subprocesses of the console script; the faults are real too: a folder replaced by a file,
 and a file-size limit (RLIMIT_FSIZE: a write past it fails with EFBIG, as a full disk fails

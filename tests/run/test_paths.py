@@ -82,7 +82,7 @@ def test_both_notebooks_read_the_readme_spelling_from_the_launch_folder(launched
 
 def test_a_kernel_in_the_notebooks_folder_runs_the_readme_checkpoint(launched, monkeypatch):
     """As JupyterLab runs it: the kernel started in notebooks/ by a process that stays in the
-    launch folder and tells nothing through the environment; the README's spelling."""
+    launch folder and tells nothing through the environment; the spelling of docs/workbook.md."""
     import nbclient
     launch, kernel = launched
     monkeypatch.delenv("DIAGKIT_LAUNCH_DIR")

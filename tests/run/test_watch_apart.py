@@ -1,4 +1,4 @@
-"""Optimizers that step apart (README, "Diagnose your real training run"): forward-forward
+"""Optimizers that step apart (docs/watch.md, "Optimizers that step apart"): forward-forward
 training, each layer with its own optimizer trained one after another, is a step per
 optimizer step once the others rest, and a tensor is judged on the steps its own optimizer
 took; a GAN's critic stepping 5 times per generator step stays one step."""

@@ -1,5 +1,5 @@
 """`diagkit.watch(model)` with no optimizer, for loops that update their tensors by hand
-(README, "Hand-written updates"): a step ends with each backward, or at each `watch.step()`;
+(docs/watch.md, "Hand-written updates"): a step ends with each backward, or at each `watch.step()`;
 the membership verdicts are not judged (they would call every tensor an orphan)."""
 
 from __future__ import annotations

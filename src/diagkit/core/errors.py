@@ -10,7 +10,8 @@ class DiagkitError(Exception):
     def _render_traceback_(self) -> list[str]:
         """What IPython shows instead of a traceback (it asks the exception first): the
         message, not 30 lines through diagkit's own frames that hide it below the fold. Other
-        exceptions, a bug in diagkit among them, keep their traceback (README: "The workbook")."""
+        exceptions, a bug in diagkit among them, keep their traceback (docs/workbook.md, "The
+        workbook")."""
         return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {one_line(self)}"]
 
 

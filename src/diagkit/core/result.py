@@ -27,11 +27,11 @@ _FORMAT_VERSION = 1
 class Finding:
     """One verdict (or run-level problem) over one module subtree, with a fix to paste.
 
-    `since`, `until`, `ended`: when it held, for a watch over the whole run (README, "The
-    whole run"). `source`: for a finding about optimizer membership, where the groups
+    `since`, `until`, `ended`: when it held, for a watch over the whole run (docs/whole-run.md,
+    "The whole run"). `source`: for a finding about optimizer membership, where the groups
     concerned were built, one dict per group: {"optimizer", "group", "class", "file", "line",
-    "lines", "how", "call_line"} (empty when diagkit did not see the optimizer built; see the
-    README).
+    "lines", "how", "call_line"} (empty when diagkit did not see the optimizer built; see
+    docs/targets.md, "Where the optimizer was built").
     """
 
     code: str

@@ -1,7 +1,7 @@
 """The two tables every layer speaks, written down once.
 
 Measuring fills them, judging reads them, presenting shows them. A column documented here is
-public (see the README's "The result" section); adding one means adding it here first.
+public (see docs/result.md, "The result"); adding one means adding it here first.
 """
 
 from __future__ import annotations

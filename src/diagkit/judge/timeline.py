@@ -1,5 +1,5 @@
 """Verdicts over time: the findings of a whole-run watch, each with the observed steps over
-which it held (README, "The whole run").
+which it held (docs/whole-run.md, "The whole run").
 
 A whole-run watch judges its observed steps window by window (`diagkit.run.whole_run`). Here,
 pure functions of those windows' findings: a finding of the same verdict over the same module

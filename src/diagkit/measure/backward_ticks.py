@@ -1,5 +1,6 @@
 """Steps of a loop with no optimizer (hand-written updates, `p.data.add_(p.grad, alpha=-lr)`):
-a step ends where each backward into the model's tensors ends (README, "Hand-written updates").
+a step ends where each backward into the model's tensors ends (docs/watch.md, "Hand-written
+updates").
 
 No optimizer's step hook can tell the steps there, so one hook per trainable tensor stays on
 (`register_post_accumulate_grad_hook`): the first one that fires in a backward queues a

@@ -19,7 +19,7 @@ from .kernels import exact_norm, norm
 # Per float dtype, a norm of the value before below which `before - after` cannot overflow
 # for any finite value after (half the distance between the two largest values: 2^103 for
 # float32). float16's is half its range instead: its exact bound (16) is below most tensors'
-# norms, and would send them all down the slow path (see the README's "Cost of observation").
+# norms, and would send them all down the slow path (see docs/cost.md, "Cost of observation").
 RISK = {torch.float16: 32752.0, torch.bfloat16: 2.0**119, torch.float32: 2.0**103,
         torch.float64: 2.0**969}
 

@@ -10,8 +10,8 @@ would be `orphan` and the buffers `not_in_model`: confidently wrong. So each is 
 by name where the engine is known (`refuse_engines`), and by its signature where it is not
 (`refuse_flat_buffers`). DeepSpeed ZeRO is observed through its own optimizer
 (`measure.zero`); what is refused of it is the torch optimizer under it, or a ZeRO-3 model
-handed without ZeRO's optimizer. The README's "Engines: what is observed, what is refused" has the
-table.
+handed without ZeRO's optimizer. docs/distributed.md, "Engines: what is observed, what is
+refused", has the table.
 Duck-typed: no engine is imported.
 """
 

@@ -129,7 +129,7 @@ class ExactProbe:
             self._before_norm = norms
             if not consecutive and self._cpu:
                 # Values may have moved unobserved: on the CPU, reading the norms is free.
-                # Elsewhere the last step's knowledge stands (README, "Cost of observation").
+                # Elsewhere the last step's knowledge stands (docs/cost.md, "Cost of observation").
                 self._careful = self._careful_now()
 
     def end(self, pending: Pending, tag: str = "x") -> None:

@@ -1,6 +1,6 @@
 """Changed or unchanged without a copy: an integer fingerprint of a tensor's bits.
 
-What it can and cannot miss is stated in the README ("Cost of observation"); `Fingerprinter`
+What it can and cannot miss is stated in docs/cost.md, "Cost of observation"; `Fingerprinter`
 gives the reasoning.
 """
 

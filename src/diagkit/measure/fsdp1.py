@@ -1,5 +1,6 @@
 """FSDP1 (`FullyShardedDataParallel`) with `use_orig_params=True`: the original tensors, observed
-through the views FSDP makes of them (README, "Engines: what is observed, what is refused").
+through the views FSDP makes of them (docs/distributed.md, "Engines: what is observed, what is
+refused").
 
 With `use_orig_params=True` the model keeps its own `nn.Parameter` objects, so optimizer
 membership is still `is`, and names are the model's once FSDP's `_fsdp_wrapped_module.` is

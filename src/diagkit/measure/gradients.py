@@ -158,7 +158,7 @@ class BackwardHooks:
         the DTensor since (zeroing in place bumps its version; FSDP's accumulation writes its
         shard without doing so), so this step's gradient was added to an old one. A .grad
         that was clipped and then not cleared counts as cleared; and the carried part cannot
-        be told from this step's, so `grad_norm` includes it (the README's FSDP2 section)."""
+        be told from this step's, so `grad_norm` includes it (docs/distributed.md, "FSDP2")."""
         obs, tensor = self.obs, self.obs.tensors[k]
 
         def hook(_param):

@@ -1,6 +1,6 @@
 """Which observed steps a whole-run watch keeps in `diagnosis.steps`, so that its memory does
-not grow with the run's length (README, "The whole run"; `meta["kept_steps"]` says what was
-kept).
+not grow with the run's length (docs/whole-run.md, "The whole run"; `meta["kept_steps"]` says
+what was kept).
 
 Kept, at most `AROUND + SAMPLE + latest` observed steps in all:
 - every step of the windows judged right after a wiring change (and at the start), up to

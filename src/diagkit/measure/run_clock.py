@@ -1,6 +1,6 @@
 """The step clock of a whole-run watch (`steps=None`): it counts every optimizer step and
 lets the run decide, at the end of each, whether the next one is observed and by which
-observer (README, "The whole run").
+observer (docs/whole-run.md, "The whole run").
 
 Between observed steps only the clock's own step post-hooks stay on the optimizers: the
 observer's hooks (tensor hooks, pre-hooks, the probe's copies) are attached just before a step

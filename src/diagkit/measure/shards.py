@@ -11,8 +11,8 @@ ranks holding the other shards, in one all-reduce per step and mesh (`combine`):
 norms are summed (the norm of the whole tensor, exactly), and `changed`, `used` and the other
 flags are OR-ed ("changed" if any shard changed). No value fingerprint is taken of a shard:
 the ranks hold different parts by design, so there is nothing to compare (`spread`). Every rank's row then holds the whole tensor's values, so
-folding ranks and comparing them (`diagkit.measure.aggregate`) needs nothing new. The README's
-"FSDP2" section lists what is and is not supported.
+folding ranks and comparing them (`diagkit.measure.aggregate`) needs nothing new.
+docs/distributed.md, "FSDP2", lists what is and is not supported.
 """
 
 from __future__ import annotations

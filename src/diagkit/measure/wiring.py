@@ -1,5 +1,5 @@
 """Whether the wiring of a run changed since the last optimizer step, cheaply enough to ask at
-every step of a whole-run watch (README, "Diagnose your real training run": "The whole run").
+every step of a whole-run watch (docs/whole-run.md, "The whole run").
 
 The wiring is what the verdicts are made of and a long run changes: which tensors require
 grad, which tensors each optimizer group holds (by identity), the model's parameters, and

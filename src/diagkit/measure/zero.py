@@ -1,5 +1,5 @@
-"""DeepSpeed ZeRO, watched through ZeRO's own groups of the model's tensors (README, "Engines:
-what is observed, what is refused").
+"""DeepSpeed ZeRO, watched through ZeRO's own groups of the model's tensors (docs/distributed.md,
+"Engines: what is observed, what is refused").
 
 ZeRO's optimizer (`DeepSpeedZeroOptimizer` for stages 1 and 2, `DeepSpeedZeroOptimizer_Stage3`)
 wraps a torch optimizer whose groups hold ZeRO's flat fp32 partitions, never the model's
@@ -142,7 +142,7 @@ class ZeroView:
         The pre-hooks run once ZeRO's step has returned: only then is it known whether its
         loss scaler skipped the step (fp16 overflow, `zero.overflow`), and on a skipped step
         they do not run at all, as torch's GradScaler skips `optimizer.step()`: the observer
-        marks the tensors `skipped` (README, "Mixed precision"), and the step still counts.
+        marks the tensors `skipped` (docs/result.md, "Mixed precision"), and the step still counts.
         Nothing they read changes inside ZeRO's step: ZeRO has already taken the gradients it
         holds off the model's tensors (their `.grad` is None by then), and their
         `requires_grad` and lr are left alone."""

@@ -1,5 +1,5 @@
-"""The timeline of a whole-run watch (README, "The whole run"): which findings held over which
-observed steps, with the wiring changes marked. Built from what the result holds
+"""The timeline of a whole-run watch (docs/whole-run.md, "The whole run"): which findings held
+over which observed steps, with the wiring changes marked. Built from what the result holds
 (`diag.meta["timeline"]`, one row per span, and `diag.meta["events"]`); nothing here measures.
 """
 

@@ -21,10 +21,10 @@ def diagnose(model, optimizer=None, *, batch_fn=None, loss_fn=None, train_step=N
     `model` may also be a `Setup` (from `load_target`), which then supplies everything else.
     With `restore=True` the model, buffers, optimizers, grads and RNG states come back bitwise.
     `delta`: how each step's change is measured ("exact", or "sampled" / "off" for models that
-    do not fit twice in memory; see the README's "Cost of observation"); all three give the
+    do not fit twice in memory; see docs/cost.md, "Cost of observation"); all three give the
     same verdicts. `every`: observe only steps 0, every, 2*every, ... of a long run.
     `device="meta"`: a dry run of the wiring of a model built on the meta device (one forward
-    and backward, no parameter memory; see the README's "Dry run on meta"). A model that is
+    and backward, no parameter memory; see docs/meta.md, "Dry run on meta"). A model that is
     not on meta is refused in one line, never moved (that would discard its weights).
     """
     on_meta = meta_device(device)

@@ -10,8 +10,8 @@ from ..core.format import one_line
 def check_outputs(args, diag) -> dict[str, str]:
     """What `check` prints and writes, for a whole run or one its timeout ended. Each output
     is written on its own: one that fails in mid-run (its folder removed or replaced, a full
-    disk) is returned, `{"--save DIR": why}`, and the others are still written, since the
-    README promises `--json` the run as it is."""
+    disk) is returned, `{"--save DIR": why}`, and the others are still written, since
+    docs/cli.md, "Command line", promises `--json` the run as it is."""
     from ..core.files import write_json_atomic
     from ..present.text import render_findings
     print(render_findings(diag))

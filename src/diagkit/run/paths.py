@@ -13,7 +13,7 @@ A relative input path (a checkpoint, a saved diagnosis) is looked up, in order:
    `data/`, in a wheel the package's copy: `diagkit.core.shipped`).
 
 The first that exists wins; none is a one-line error naming where it looked. A relative output
-folder is relative to the launch folder. README: "Paths".
+folder is relative to the launch folder. docs/workbook.md, "Paths".
 """
 
 from __future__ import annotations

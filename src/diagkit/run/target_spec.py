@@ -1,6 +1,6 @@
 """A target's spec, 'package.module:function' or 'path/to/file.py:function', checked without
 importing torch or the target: a typo on the command line is one line at once, not after the
-seconds that importing torch takes (README, "Command line")."""
+seconds that importing torch takes (docs/cli.md, "Command line")."""
 
 from __future__ import annotations
 

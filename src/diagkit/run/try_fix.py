@@ -67,7 +67,8 @@ class FixPreview:
 
 class FixPreviewFailed(DiagkitError):
     """The run as it is completed, then the fix preview's own build or run failed. `before`
-    is that first run: complete, and what `--json` and `--save` write (README: "Fix preview")."""
+    is that first run: complete, and what `--json` and `--save` write (docs/fix-preview.md,
+    "Fix preview")."""
 
     def __init__(self, message: str, before: Diagnosis):
         super().__init__(message)

@@ -1,5 +1,5 @@
 """However the user's run ends, a watch still going ends with it, and `out` is written with the
-steps observed so far (README, "Diagnose your real training run").
+steps observed so far (docs/watch.md, "Diagnose your real training run").
 
 Two paths cover every end but SIGKILL and `os._exit`:
 

@@ -1,6 +1,6 @@
-"""Rank 0's side of a whole-run watch under a process group (README, "The whole run"): each
-window of rank 0's observed steps is joined with the same steps of every other rank (through
-the store, as `diagkit.run.gather` publishes them), so the distributed verdicts
+"""Rank 0's side of a whole-run watch under a process group (docs/whole-run.md, "The whole
+run"): each window of rank 0's observed steps is joined with the same steps of every other
+rank (through the store, as `diagkit.run.gather` publishes them), so the distributed verdicts
 (`rank_divergent`, `rank_dependent_use`) are judged window by window; and the ranks' wiring is
 compared at every observed step: a rank wired differently is one finding, from the first step
 it was seen.
