@@ -68,7 +68,7 @@ def test_a_missing_input_is_one_line_naming_where_it_looked(launched):
     assert str(launch / "nope") in message and str(kernel / "nope") in message
 
 
-def test_both_notebooks_read_the_readme_spelling_from_the_launch_folder(launched):
+def test_both_notebooks_read_the_documented_spelling_from_the_launch_folder(launched):
     launch, _ = launched
     shutil.copy(shipped("data") / "meta_memory_step5.pt", launch / "data" / "meta_memory_step2.pt")
     settings = compare.check_parameters({"checkpoint_a": "data/meta_memory_step2.pt",
@@ -80,7 +80,7 @@ def test_both_notebooks_read_the_readme_spelling_from_the_launch_folder(launched
     assert settings["checkpoint"] == str(shipped("data") / Path(PRETRAIN).name)
 
 
-def test_a_kernel_in_the_notebooks_folder_runs_the_readme_checkpoint(launched, monkeypatch):
+def test_a_kernel_in_the_notebooks_folder_runs_the_documented_checkpoint(launched, monkeypatch):
     """As JupyterLab runs it: the kernel started in notebooks/ by a process that stays in the
     launch folder and tells nothing through the environment; the spelling of docs/workbook.md."""
     import nbclient
