@@ -54,7 +54,8 @@ class OptimizerOrigin:
 
     def __init__(self):
         self.handed = None  # (optimizer, its records, Snapshot at Trainer(...))
-        self.built = None   # (optimizer, Snapshot at create_optimizer, rule held, args.optim)
+        self.built = None   # (optimizer, Snapshot at create_optimizer, rule held, the setting
+        #                     that chose how: TrainingArguments.optim, optimizer_cls_and_kwargs)
 
     def note_handed(self, trainer, caller) -> None:
         """The optimizer passed as `optimizers=` (if any): the user's lines from `caller`, the
@@ -73,7 +74,10 @@ class OptimizerOrigin:
         held = {id(p) for g in opt.param_groups for p in g["params"]}
         rule = held == {id(p) for p in model.parameters() if p.requires_grad}
         optim = getattr(trainer.args, "optim", "")
-        self.built = (opt, Snapshot(model), rule, str(getattr(optim, "value", optim)))
+        chosen = ("Trainer(optimizer_cls_and_kwargs=...)"
+                  if getattr(trainer, "optimizer_cls_and_kwargs", None) is not None
+                  else f'TrainingArguments(optim="{getattr(optim, "value", optim)}")')
+        self.built = (opt, Snapshot(model), rule, chosen)
 
     def records(self, recorded: list, optimizer, model) -> list:
         """The records of `optimizer`'s groups: the handed one's, the Trainer's own
@@ -86,11 +90,12 @@ class OptimizerOrigin:
         if built is None or opt is not built[0] or not recorded or not all(
                 _installed(r.get("file", "")) for r in recorded):
             return recorded
-        _, snapshot, rule, optim = built
+        _, snapshot, rule, chosen = built
         if any(_overridden(r) for r in recorded):  # noted as the override returned, not the
-            return [_trainer_record(r, 0, None, optim, {}) for r in recorded]  # Trainer's
+            return [_trainer_record(r, 0, None, chosen, {}) for r in recorded]  # Trainer's
         facts = snapshot.facts(model)
-        return [_trainer_record(r, len(opt.param_groups), rule, optim, facts) for r in recorded]
+        groups = len(opt.param_groups)
+        return [_trainer_record(r, groups, rule, chosen, facts) for r in recorded]
 
 
 def _bare(opt) -> list[dict]:
@@ -106,7 +111,7 @@ def _overridden(record: dict) -> bool:
                for function, file, _ in record.get("callers") or ())
 
 
-def _trainer_record(record: dict, groups: int, rule, optim: str, facts: dict) -> dict:
+def _trainer_record(record: dict, groups: int, rule, chosen: str, facts: dict) -> dict:
     """A group the Trainer's `create_optimizer` built: its rule's element of the groups'
     list when the rule was seen to hold, else only the call's line (the recorded search for
     the name passed may land on a branch that did not run). `rule` None: not checked."""
@@ -117,4 +122,4 @@ def _trainer_record(record: dict, groups: int, rule, optim: str, facts: dict) ->
             shown = listed_group_lines(record["file"], line, record["group"], groups) or shown
     return {**record, **shown, "how": "trainer", "lever": "trainer",
             "lever_at": f"{os.path.basename(record['file'])}:{line}", "rule": rule,
-            "optim": optim, **facts}
+            "chosen_by": chosen, **facts}

@@ -68,7 +68,7 @@ def _handed(record, seen, names, expr, freeze) -> tuple[str, str]:
 
 def _built(record, seen, names, expr, freeze) -> tuple[str, str]:
     """The optimizer the Trainer's own `create_optimizer` built inside `train()`: by its rule
-    (checked as it returned), by an `optim` that groups its own way, or inside a user's
+    (checked as it returned), by the setting that chose otherwise, or inside a user's
     override that called it (where nothing was checked at the Trainer's return)."""
     at = record["lever_at"]
     override = next((f"{Path(file).name}:{line}" for function, file, line
@@ -82,9 +82,9 @@ def _built(record, seen, names, expr, freeze) -> tuple[str, str]:
             f'self.optimizer.add_param_group({{"params": {expr}}}){freeze}')
     message = f" The optimizer is the Trainer's own: its `create_optimizer` ({at}) built it"
     if not record.get("rule"):
-        return (message + f" as `train()` began, with `optim=\"{record.get('optim')}\"`, "
-                "which groups the parameters its own way (not the Trainer's split of those "
-                "that require grad)." + _seen(seen, names, *_THEN)), (
+        return (message + " as `train()` began, not by its default rule (every parameter of "
+                f"`trainer.model` that requires grad): `{record.get('chosen_by')}` chose "
+                "them." + _seen(seen, names, *_THEN)), (
             "Give the Trainer groups that hold it: pass `Trainer(..., optimizers=(optimizer, "
             f"None))`, or override `Trainer.create_optimizer`{freeze}")
     return _by_rule(message, seen, names, expr, freeze)
