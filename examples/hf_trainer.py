@@ -4,8 +4,10 @@ program, with a bug planted in it, and diagkit watching (the lines marked `# dia
 The bug: the optimizer's param groups are picked by name, with the head's name copied from a
 BERT script (`classifier.`). This Llama model calls its head `score`, so the head is in no group:
 it gets a gradient on every step and never trains. diagkit says `orphan` for `score.weight`,
-and `ok` for everything else. The run is tiny and offline: a randomly initialised 2-layer
-model built from a config, a synthetic dataset, the CPU.
+and `ok` for everything else. The optimizer is handed to the Trainer as `optimizers=`, so the
+finding's fix names that argument and the line that built the optimizer (file:line), and its
+source shows the groups' name filters in `optimizer_for`. The run is tiny and
+offline: a randomly initialised 2-layer model built from a config, a synthetic dataset, the CPU.
 
     python examples/hf_trainer.py --output-dir runs/hf    # the diagnosis: runs/hf/diagkit
     python -c "import diagkit; print(diagkit.load('runs/hf/diagkit').findings)"

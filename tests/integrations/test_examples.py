@@ -1,7 +1,9 @@
 """The example programs (`examples/`), each an ordinary training program with a planted bug and
 at most three lines added for diagkit (marked `# diagkit`). Each runs as a real process,
 offline, in an empty folder: the saved diagnosis names exactly the planted bug, every other
-tensor is `ok`, and nothing but the diagnosis is written. With the marked lines removed (and
+tensor is `ok`, and nothing but the diagnosis is written. Under the HF and Lightning Trainers
+the planted orphan (the first seed's name filter) points at the user's optimizer line: the
+lever its fix names, at the example's file:line, and the filter among its source's lines. With the marked lines removed (and
 diagkit made unimportable) the program still runs: diagkit asks for nothing else."""
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ MARK = "# diagkit"
 # example -> (the frameworks it needs, the planted bug's exact verdicts)
 CASES = {
     "hf_trainer.py": (("transformers", "accelerate"), {"score.weight": {"orphan"}}),
-    "lightning_fit.py": (("lightning",), {"aux_head.weight": {"unused"},
+    "lightning_fit.py": (("lightning",), {"encoder.offset": {"orphan", "grad_not_cleared"},
+                                          "aux_head.weight": {"unused"},
                                           "aux_head.bias": {"unused"}}),
     "accelerate_loop.py": (("accelerate",), {"embed.weight": {"frozen_in_optimizer"}}),
 }
@@ -64,6 +67,39 @@ def test_the_example_finds_exactly_its_planted_bug(example, tmp_path):
     assert {f.code for f in diag.findings} == set().union(*planted.values())
     assert files_under(tmp_path) == {f"out/diagkit/{name}" for name in
                                      files_under(tmp_path / "out" / "diagkit")}
+    if example in LEVERS:
+        orphan_points_at_the_users_optimizer_line(example, diag)
+
+
+def line_with(example: str, text: str) -> str:
+    """file:line of the example's one line holding `text`."""
+    lines = (EXAMPLES / example).read_text().splitlines()
+    (found,) = [i for i, line in enumerate(lines, 1) if text in line]
+    return f"{example}:{found}"
+
+
+# example -> (the lever its orphan's fix names, with {at} for file:line of the line holding
+# the text after it; a line the finding's source shows): the seed's name filter in sight
+LEVERS = {
+    "hf_trainer.py": ("`Trainer(optimizers=(optimizer, scheduler))` ({at})",
+                      "optimizers=(optimizer_for(model), None)",
+                      'head = [p for n, p in named if n.startswith("classifier.")]'),
+    "lightning_fit.py": ("Put it in the optimizer your `configure_optimizers` builds ({at})",
+                         'if not n.startswith("encoder.")',
+                         'params = [p for n, p in self.named_parameters() if not '
+                         'n.startswith("encoder.")]'),
+}
+
+
+def orphan_points_at_the_users_optimizer_line(example: str, diag) -> None:
+    """Under the framework, the orphan's fix names the user's lever at its file:line, and its
+    source shows the user's lines that built the groups (the name filter among them)."""
+    lever, where, shown = LEVERS[example]
+    (orphan,) = [f for f in diag.findings if f.code == "orphan"]
+    assert lever.format(at=line_with(example, where)) in orphan.fix
+    assert "add_param_group" not in orphan.fix
+    sources = [s for s in orphan.source if s["file"].endswith(f"examples/{example}")]
+    assert sources and any(shown in line for s in sources for line in s["lines"])
 
 
 def test_the_example_adds_at_most_three_marked_lines(example):

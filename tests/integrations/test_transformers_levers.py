@@ -55,7 +55,7 @@ def the_orphan(findings):
 def body_only(model) -> torch.optim.Optimizer:
     """The user's helper: a name filter that misses the head (`score`)."""
     body = [p for n, p in model.named_parameters() if n.startswith("model.")]  # MARK-filter
-    return torch.optim.AdamW([{"params": body, "weight_decay": 0.0}], lr=1e-3)
+    return torch.optim.AdamW([{"params": body, "weight_decay": 0.0}], lr=1e-3)  # MARK-built
 
 
 def test_a_handed_optimizer_names_optimizers_and_the_helper_that_built_it(tmp_path):
@@ -68,7 +68,7 @@ def test_a_handed_optimizer_names_optimizers_and_the_helper_that_built_it(tmp_pa
     assert f"handed as `Trainer(optimizers=...)` ({at}) and builds none" in orphan.message
     assert orphan.fix.startswith("Put it in the optimizer you pass as `Trainer(optimizers="
                                  f"(optimizer, scheduler))` ({at}), built at {HERE}:"
-                                 f"{line_of('MARK-filter')}: include [model.score.weight]")
+                                 f"{line_of('MARK-built')}: include [model.score.weight]")
     (source,) = orphan.source  # the helper's group, its name filter first
     assert source["file"] == __file__ and source["how"] == "assigned"
     assert source["lines"][0].endswith("# MARK-filter") and source["lever"] == "optimizers"

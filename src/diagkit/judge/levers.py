@@ -54,7 +54,7 @@ def trainer_lever(group, expr: str, freeze: str) -> tuple[str, str] | None:
 def _handed(record, seen, names, expr, freeze) -> tuple[str, str]:
     """The optimizer passed as `Trainer(optimizers=(optimizer, scheduler))`."""
     at = f" ({record['lever_at']})" if record.get("lever_at") else ""
-    built = (f", built at {Path(record['file']).name}:{record['line']}"
+    built = (f", built at {Path(record['file']).name}:{record.get('call_line', record['line'])}"
              if record.get("how") in ("call", "assigned") else "")
     message = (f" The Trainer trains the optimizer it was handed as `Trainer(optimizers=...)`"
                f"{at} and builds none of its own."
