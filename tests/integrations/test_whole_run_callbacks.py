@@ -73,6 +73,9 @@ def test_a_hand_written_unfreeze_that_forgets_the_optimizer_is_orphan_from_then(
                   logger=L.loggers.CSVLogger(tmp_path / "logs"))
     (orphan,) = [f for f in watch.diagnosis.findings if f.code == "orphan"]
     assert (orphan.module, orphan.since, orphan.ended) == ("backbone", 17, None)
+    # the windows' findings show where the groups were built, as a watch of steps does
+    assert "your `configure_optimizers` builds (test_whole_run_callbacks.py:" in orphan.fix
+    assert orphan.source[0]["function"] == "configure_optimizers"
     logged = (tmp_path / "logs" / "lightning_logs" / "version_0" / "metrics.csv").read_text()
     assert "diagkit/errors" in logged and "diagkit/orphan" in logged
     assert trainer.progress_bar_metrics.get("diagkit/errors") == 1.0
@@ -145,6 +148,7 @@ def test_a_resume_that_rebuilds_the_optimizer_without_the_head_is_orphan_from_it
     trainer, callback = resumed(tmp_path, HeadLeftOut)
     (orphan,) = [f for f in callback.diagnosis.findings if f.code == "orphan"]
     assert (orphan.module, orphan.since) == ("score", 4)
+    assert "your `create_optimizer` builds (test_whole_run_callbacks.py:" in orphan.fix
     logged = [log for log in trainer.state.log_history if "diagkit/errors" in log]
     assert logged and logged[0]["diagkit/orphan"] == 1.0  # Trainer.log: every report_to
 
