@@ -30,7 +30,9 @@ class Finding:
     `since`, `until`, `ended`: when it held, for a watch over the whole run (docs/whole-run.md,
     "The whole run"). `source`: for a finding about optimizer membership, where the groups
     concerned were built, one dict per group: {"optimizer", "group", "class", "file", "line",
-    "lines", "how", "call_line"} (empty when diagkit did not see the optimizer built; see
+    "lines", "how", "call_line"}, from a callback also "function", "callers", and under the
+    HF Trainer "lever", "lever_at" (with "rule", "chosen_by", "frozen_then", "absent_then"
+    where that applies) (empty when diagkit did not see the optimizer built; see
     docs/targets.md, "Where the optimizer was built").
     """
 

@@ -62,8 +62,9 @@ class OptimizerOrigin:
         frame that called `Trainer(...)`, read now (no frame is kept)."""
         opt = trainer.optimizer
         if opt is not None:
-            self.handed = (opt, handed_sources(caller, inner(opt), "optimizers"),
-                           Snapshot(trainer.model))
+            with contextlib.suppress(Exception):  # an extra: never into the Trainer's init
+                self.handed = (opt, handed_sources(caller, inner(opt), "optimizers"),
+                               Snapshot(trainer.model))
 
     def note_built(self, trainer, args, kwargs) -> None:
         """After the Trainer's `create_optimizer(model=None)`: whether its groups are its rule's
@@ -81,9 +82,18 @@ class OptimizerOrigin:
 
     def records(self, recorded: list, optimizer, model) -> list:
         """The records of `optimizer`'s groups: the handed one's, the Trainer's own
-        construction's with its rule and lever, or else what was recorded, as it is."""
-        opt = inner(optimizer)
+        construction's with its rule and lever, or else what was recorded, as it is (also
+        when reading them fails: never into the training loop)."""
         handed, built, self.handed, self.built = self.handed, self.built, None, None
+        try:
+            return self._records(recorded, inner(optimizer), model, handed, built)
+        except Exception:
+            return recorded
+
+    @staticmethod
+    def _records(recorded, opt, model, handed, built) -> list:
+        """`records` for the torch optimizer `opt`: what was noted counts only for the very
+        optimizer it was noted of (by identity; DeepSpeed, say, replaces it)."""
         if handed is not None and opt is inner(handed[0]):
             facts = handed[2].facts(model)
             return [{**r, **facts} for r in handed[1] or _bare(opt)]
