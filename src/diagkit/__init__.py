@@ -3,8 +3,9 @@
     w = diagkit.watch(model, optimizer, steps=20)   # inside the user's own training loop
     diag = diagkit.diagnose(model, optimizer, batch_fn=..., loss_fn=..., steps=5)
     diag.params, diag.steps, diag.findings, diag.advice
+    diagkit.explore(diag)                            # the explorer, in a notebook
 
-The package is layered (see the README's "Development" section): `core` (result types, schema,
+The package is layered (see docs/development.md, "Layout"): `core` (result types, schema,
 severity, options), `measure` (the only hooks), `judge` (verdicts, findings, advice),
 `present` (text, HTML, figures, explorer) and `run` (targets, the loop, the pipeline, CLI,
 notebooks, reports). Importing diagkit has no side effects, and is cheap: each public name is
@@ -23,6 +24,7 @@ from .core.version import VERSION as __version__
 # name -> (module, attribute): where each public name lives, imported on first use.
 _LAZY = {
     "watch": (".run.watch", "watch"),
+    "explore": (".run.explore", "explore"),
     "diagnose": (".run.api", "diagnose"),
     "load_target": (".run.target", "load_target"),
     "Setup": (".run.target", "Setup"),
@@ -32,13 +34,14 @@ _LAZY = {
     "VERDICTS": (".judge.verdicts", "VERDICTS"),
 }
 
-__all__ = ["watch", "diagnose", "load_target", "Setup", "Diagnosis", "Finding", "load", "VERDICTS",
+__all__ = ["watch", "explore", "diagnose", "load_target", "Setup", "Diagnosis", "Finding", "load", "VERDICTS",
            "DiagkitError", "__version__"]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
     from .core.result import Diagnosis, Finding, load
     from .judge.verdicts import VERDICTS
     from .run.api import diagnose
+    from .run.explore import explore
     from .run.target import Setup, load_target
     from .run.watch import watch
 

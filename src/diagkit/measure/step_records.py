@@ -35,6 +35,15 @@ class StepRecords:
         self._step_ids.append(step)
         self._rows.append(rows)
 
+    def snapshot(self) -> "StepRecords":
+        """The records so far, as later steps will not change them (a record is never changed
+        once added, so copying the lists is enough): what the live view reads on its own
+        thread while the loop goes on (`diagkit.run.live`)."""
+        copy = StepRecords(self.names, self.checksums)
+        copy._records, copy._step_ids = self._records[:], self._step_ids[:]
+        copy._rows = self._rows[:]
+        return copy
+
     def _names_of(self, i: int) -> np.ndarray:
         names = np.array(self.names, dtype=object)
         return names if self._rows[i] is None else names[self._rows[i]]

@@ -114,6 +114,32 @@ def _arrange(c: SimpleNamespace) -> list:
     return [filters, c.tensors, c.status, c.plot, c.table]
 
 
+class Reloadable(widgets.VBox):
+    """An explorer of a saved folder that a running job still writes: a line saying which save
+    it shows, a reload button, the explorer. `reload()` -> (a new explorer, its line)."""
+
+    def __init__(self, reload, explorer, line: str, **kwargs):
+        super().__init__(**kwargs)
+        self._reload = reload
+        self.line = widgets.HTML(value=html.escape(line))
+        self.button = widgets.Button(description="reload", icon="refresh",
+                                     tooltip="read the folder's newest save")
+        self.button.on_click(lambda _button: self.reload())
+        self.explorer = explorer
+        self.add_class("diagkit-reloadable")
+        self.children = [widgets.HBox([self.button, self.line]), explorer]
+
+    def reload(self) -> None:
+        """Read the folder again; a failure is the line, the explorer shown stays."""
+        try:
+            self.explorer, line = self._reload()
+        except Exception as exc:
+            self.line.value = html.escape(f"could not reload: {exc}")
+            return
+        self.line.value = html.escape(line)
+        self.children = [self.children[0], self.explorer]
+
+
 def _set_choices(picker: widgets.SelectMultiple, choices: list, value: tuple) -> None:
     """Give the picker new options and a new selection in one message to the front end, its
     selection emptied first: the front end applies each message as it comes, and a selection

@@ -1,4 +1,4 @@
-"""`diagkit.watch`: observe the user's own training run in place (README, "Diagnose your real
+"""`diagkit.watch`: observe the user's own training run in place (docs/watch.md, "Diagnose your real
 training run").
 
     w = diagkit.watch(model, optimizer, steps=20, out="diag/")
@@ -34,6 +34,7 @@ from ..measure.unwrap import unwrap_model, unwrap_optimizers
 from ..measure.zero import ZeroView
 from . import watch_ends
 from .gather import RankChannel, distributed
+from .live import LiveFeed, check_live, shown
 from .pipeline import Observation, judge_observation
 from .watch_ranks import assemble
 from .whole_run import WholeRun
@@ -43,17 +44,19 @@ def watch(model, optimizer_or_list=None, *, steps: int | None = DEFAULTS["watch_
           every: int = DEFAULTS["every"], delta: str = DEFAULTS["delta"],
           sample: int = DEFAULTS["sample"], out=None, report: bool = False,
           timeout: float = DEFAULTS["timeout"], on_finding=None,
-          halt_on: str | None = None) -> "Watch":
+          halt_on: str | None = None, live: bool | None = None) -> "Watch":
     """Observe the next `steps` observed optimizer steps of the user's own loop (steps 0,
     every, 2*every, ... counted from now), then detach and judge.
 
     `optimizer_or_list` None: a loop that updates its tensors by hand; a step then ends with
-    each backward, or at each `Watch.step()` (README, "Hand-written updates").
+    each backward, or at each `Watch.step()` (docs/watch.md, "Hand-written updates").
     `steps=None`: the whole run, one step in `every` until `stop()` or the process's end, with
-    each wiring change observed at once (`diagkit.run.whole_run`; README, "The whole run").
+    each wiring change observed at once (`diagkit.run.whole_run`; docs/whole-run.md, "The
+    whole run").
     `on_finding(finding)`: called with each new warning or error as it appears; `halt_on`
     ("error", "warning"): `should_stop` turns True when such a finding appears (the callbacks
-    then stop training).
+    then stop training). `live`: show the live view, a panel that follows the observed steps
+    and becomes the explorer at the end (None: in a Jupyter kernel; `diagkit.run.live`).
 
     `model`, `optimizer_or_list`: as the loop holds them (DDP, DataParallel, `torch.compile`,
     accelerate and Lightning wrappers are seen through). `out`: a folder the diagnosis is saved
@@ -65,16 +68,17 @@ def watch(model, optimizer_or_list=None, *, steps: int | None = DEFAULTS["watch_
     """
     return Watch(model, optimizer_or_list, steps=steps, every=every, delta=delta,
                  sample=sample, out=out, report=report, timeout=timeout,
-                 on_finding=on_finding, halt_on=halt_on, caller=sys._getframe(1))
+                 on_finding=on_finding, halt_on=halt_on, live=live, caller=sys._getframe(1))
 
 
 def check_watch_options(*, steps, every, delta, sample, out, report, timeout, on_finding=None,
-                        halt_on=None) -> None:
+                        halt_on=None, live=None) -> None:
     """Every option of `watch` checked before anything is attached (the callbacks check theirs
     with it as they are built): a bad one, or an `out` that cannot be written, fails now, not
     after training."""
     check_run_options(steps=steps, delta=delta, every=every, sample=sample)
     positive_seconds(timeout, "timeout")
+    check_live(live)
     if on_finding is not None and not callable(on_finding):
         raise DiagkitError(f"on_finding must be a callable taking a Finding, got "
                            f"{type(on_finding).__name__}")
@@ -93,10 +97,10 @@ class Watch:
 
     def __init__(self, model, optimizer_or_list, *, steps, every, delta, sample, out, report,
                  timeout, on_finding=None, halt_on=None, caller=None, first_step=0,
-                 sources=None):
+                 sources=None, live=None):
         check_watch_options(steps=steps, every=every, delta=delta, sample=sample, out=out,
                             report=report, timeout=timeout, on_finding=on_finding,
-                            halt_on=halt_on)
+                            halt_on=halt_on, live=live)
         self.report = bool(report)
         inner, self.wrappers = unwrap_model(model)
         optimizers = unwrap_optimizers(optimizer_or_list, model)
@@ -116,7 +120,7 @@ class Watch:
         if halt_on is not None and self.channel is not None:
             raise DiagkitError("halt_on cannot be used under a process group: a rank that "
                                "stops training alone leaves the others waiting in their "
-                               "collectives (README, \"The whole run\")")
+                               "collectives (docs/whole-run.md, \"The whole run\")")
         if self.channel is not None:  # rank 0 joins them: pipeline stages differ
             self.channel.publish_rows(self.inventory.rows)
         self.timeout, self.delta, self.every, self.steps = timeout, delta, every, steps
@@ -137,6 +141,7 @@ class Watch:
         self._finished = False
         self._ended = "steps"  # how observing ended: steps, stop, exit, SIGTERM (meta["ended"])
         self._started = time.perf_counter()
+        self.live: LiveFeed | None = None
         if self.run is None:
             self.observer.attach()
         try:
@@ -146,6 +151,18 @@ class Watch:
             self.observer.detach()
             raise
         watch_ends.started(self)  # the process's end, however it comes, ends the watch too
+        self.live = self._live(live)
+
+    def _live(self, live: bool | None) -> LiveFeed | None:
+        """The live view (rank 0 only), or None; one that cannot be shown is one line."""
+        if not shown(live) or (self.channel is not None and self.channel.rank != 0):
+            return None
+        try:
+            return LiveFeed(self)
+        except Exception as exc:
+            self.say(f"diagkit: the live view could not be shown: {type(exc).__name__}: {exc} "
+                     "(the watch goes on)")
+            return None
 
     def new_observer(self, inventory) -> Observer:
         """An observer of `inventory` with this watch's options. Without a process group the
@@ -210,7 +227,10 @@ class Watch:
 
     # ------------------------------------------------------------------ from the hooks
     def _published(self, index: int) -> None:
-        """An observed step was recorded: under a process group, publish it for rank 0."""
+        """An observed step was recorded: under a process group, publish it for rank 0; the
+        live view may take a snapshot."""
+        if self.live is not None:
+            self.live.recorded()
         if self.channel is not None:
             observer = self.observer if self.run is None else self.run.observer
             table = observer.step_table(index)
@@ -231,6 +251,8 @@ class Watch:
             self._conclude(error)
         finally:
             watch_ends.ended(self)
+            if self.live is not None:  # the panel becomes the explorer (or says why not)
+                self.live.finish(self._diagnosis)
 
     def _conclude(self, error: tuple[str, str] | None) -> None:
         """`_finish`'s work: the observations become a `Diagnosis`, saved to `out`."""

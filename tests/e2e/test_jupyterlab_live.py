@@ -1,0 +1,134 @@
+"""The live view in a real JupyterLab, driven in a real headless Chromium over CDP: a cell
+trains a model under `diagkit.watch`, and while the cell runs the panel's step count and its
+findings change in the page; at the end the panel is the explorer, every control visible, and
+the browser logged no error."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from browser import chromium
+from cdp import Browser
+from jupyter import CELL_ERRORS, KERNEL_IDLE, NOTEBOOK_PANEL, JupyterLab, Page
+
+pytestmark = pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
+                                "(Debian: apt-get install chromium); this test drives it")
+
+TESTS = Path(__file__).resolve().parents[1]
+STEPS = 40
+SETUP = f"""import sys, time
+sys.path.insert(0, {str(TESTS)!r})
+import torch
+import diagkit
+from models import TwoHeads, two_heads_groups
+torch.manual_seed(0)
+model = TwoHeads()
+opt = torch.optim.SGD(two_heads_groups(dict(model.named_parameters()), planted=True), lr=0.05)"""
+# ~10 s of observed steps: several updates of the panel while the cell still runs.
+TRAIN = f"""w = diagkit.watch(model, opt, steps={STEPS})
+time.sleep(1.5)  # the panel as it starts: no step, no finding
+for step in range({STEPS + 10}):
+    loss = model(torch.randn(4, 8))
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    time.sleep(0.25)
+print("ended:", w.done, w.live.join(60))"""
+
+# Run every cell without waiting for them: the command's promise settles when they have run.
+START_ALL = f"""(() => {{ const w = {NOTEBOOK_PANEL};
+  window.jupyterapp.shell.activateById(w.id);
+  window.jupyterapp.commands.execute('notebook:run-all-cells');
+  return true; }})()"""
+# Whether the training cell runs now: its prompt reads [*] from when it is queued until its
+# reply (the kernel's busy/idle status also flips for the widgets' own messages meanwhile).
+TRAINING = f"""(() => {{ const w = {NOTEBOOK_PANEL};
+  const cell = w && w.content.widgets[1];
+  return !!(cell && cell.promptNode && cell.promptNode.textContent.includes('*')); }})()"""
+OUTPUTS = ("Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
+           ".map(e => e.textContent).join(' ')")
+# The panel as the page shows it, and whether each of its parts is on screen and unclipped.
+LIVE = """(() => {
+  const panel = document.querySelector('.diagkit-live');
+  if (!panel) return null;
+  const text = (c) => { const e = panel.querySelector('.diagkit-live-' + c);
+                        return e ? e.textContent : null; };
+  const area = panel.closest('.jp-OutputArea-output').getBoundingClientRect();
+  const hidden = [];
+  for (const part of ['status', 'findings', 'plot']) {
+    const e = panel.querySelector('.diagkit-live-' + part);
+    if (!e) continue;
+    const r = e.getBoundingClientRect();
+    if (r.width < 8 || r.height < 8 || r.left < area.left - 0.5 || r.right > area.right + 0.5)
+      hidden.push(`${part}: ${Math.round(r.width)}x${Math.round(r.height)} at ${r.left}`);
+  }
+  return {status: text('status'), findings: text('findings'), hidden: hidden,
+          explorer: !!panel.querySelector('.diagkit-explorer .diagkit-explorer-plot')};
+})()"""
+
+
+def _notebook(folder: Path) -> str:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(SETUP), nbformat.v4.new_code_cell(TRAIN)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, folder / "live.ipynb")
+    return "live.ipynb"
+
+
+def _watch_running(browser, shots: Path, timeout: float = 240) -> list[dict]:
+    """Every state of the panel seen while the training cell ran, until it ended."""
+    seen, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = browser.evaluate(TRAINING)
+        if not running and "ended:" in browser.evaluate(OUTPUTS):
+            return seen
+        state = browser.evaluate(LIVE) if running else None
+        if state and (not seen or state != seen[-1]):
+            seen.append(state)
+            if "orphan" in (state["findings"] or "") and not (shots / "live.png").exists():
+                browser.evaluate("document.querySelector('.diagkit-live').scrollIntoView()")
+                browser.screenshot(shots / "live.png")
+        time.sleep(0.2)
+    browser.screenshot(shots / "timed-out.png")
+    raise AssertionError(f"the cell did not end in {timeout} s; seen: {json.dumps(seen)[:2000]}")
+
+
+def test_the_live_view_follows_a_training_cell_then_becomes_the_explorer(tmp_path):
+    notebooks, home, shots = (tmp_path / d for d in ("notebooks", "jupyter", "screenshots"))
+    for folder in (notebooks, home, shots):
+        folder.mkdir()
+    name = _notebook(notebooks)
+    with JupyterLab(notebooks, home) as lab, Browser(1400, 900) as browser:
+        page = Page(browser, shots)
+        browser.goto(lab.url(f"lab/tree/{name}"))
+        browser.wait_for(KERNEL_IDLE, timeout=180, what="the notebook opens, its kernel idle")
+        browser.evaluate(START_ALL)
+        seen = _watch_running(browser, shots)
+        browser.screenshot(shots / "ended.png")
+
+        counts = [int(m.group(1)) for s in seen
+                  if (m := re.search(rf"(\d+) of {STEPS} steps observed", s["status"] or ""))]
+        assert len({c for c in counts if c < STEPS}) >= 2, f"the step count did not move: {seen}"
+        assert counts == sorted(counts), counts
+        findings = [s["findings"] for s in seen if s["findings"] is not None]
+        first_orphan = next(i for i, f in enumerate(findings) if "orphan" in f)
+        assert any("No findings so far" in f for f in findings[:first_orphan]), findings
+        assert "head2" in findings[first_orphan]
+        assert not any(s["explorer"] for s in seen[:first_orphan + 1])
+        assert [h for s in seen for h in s["hidden"]] == []
+
+        end = browser.evaluate(LIVE)
+        assert end["explorer"], "the panel did not become the explorer"
+        assert browser.evaluate(CELL_ERRORS) == []
+        assert "ended: True True" in browser.evaluate(OUTPUTS)
+        page.check("explorer")   # every control inside, visible, on top; no browser error
+        assert "head2.weight" in browser.evaluate(
+            "document.querySelector('.diagkit-explorer-table').textContent")
+    assert page.problems == [], "\n".join(page.problems)
