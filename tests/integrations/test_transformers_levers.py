@@ -123,9 +123,11 @@ def test_the_trainers_own_optimizer_and_a_tensor_frozen_when_it_was_built(tmp_pa
     orphan = the_orphan(train(tmp_path, model, UnfreezeAtStep1()))
     assert ("The optimizer is the Trainer's own: its `create_optimizer` (trainer.py:"
             in orphan.message)
-    assert ("of the parameters of `trainer.model` that required grad at that moment, and never "
-            "again. When they were built, it did not require grad. A tensor unfrozen later does "
-            "not join them.") in orphan.message
+    assert ("built it as `train()` began, and never again: the parameters of `trainer.model` "
+            "that required grad at that moment, in two groups (weight decay for the names "
+            "`get_decay_parameter_names` returns, none for the rest: biases and norms). When "
+            "they were built, it did not require grad. A tensor unfrozen later does not join "
+            "them.") in orphan.message
     assert orphan.fix.startswith("Make it trainable before trainer.train(), or give the "
                                  "Trainer groups that hold it from the start")
     assert "optimizers=(torch.optim.AdamW(model.parameters()" in orphan.fix
@@ -158,7 +160,10 @@ def test_a_head_attached_after_the_trainer_built_its_optimizer(tmp_path):
     orphan = the_orphan(train(tmp_path, tiny_classifier(), ReplaceHead()))
     assert ("When they were built, it was not a parameter of the model they were built from."
             in orphan.message)
-    assert orphan.fix.startswith("Attach it to the model before trainer.train()")
+    assert orphan.fix.startswith("Attach it to the model before trainer.train(), or give the "
+                                 "Trainer groups that hold it: pass `Trainer(..., optimizers="
+                                 "(optimizer, None))` with an optimizer built after it was "
+                                 "attached")
 
 
 def test_a_head_replaced_during_a_whole_run(tmp_path):

@@ -92,9 +92,9 @@ def _built(record, seen, names, expr, freeze) -> tuple[str, str]:
 
 def _by_rule(message, seen, names, expr, freeze) -> tuple[str, str]:
     """The Trainer's own groups, seen to be its rule's: what was seen of the tensors then."""
-    message += (" as `train()` began, in two groups (weight decay, and none for the biases "
-                "and norms that `get_decay_parameter_names` names) of the parameters of "
-                "`trainer.model` that required grad at that moment, and never again.")
+    message += (" as `train()` began, and never again: the parameters of `trainer.model` "
+                "that required grad at that moment, in two groups (weight decay for the names "
+                "`get_decay_parameter_names` returns, none for the rest: biases and norms).")
     if not seen["frozen_then"] and not seen["absent_then"]:
         return message + (
             " When they were built, a tensor by this name required grad and went into them: "
@@ -105,11 +105,15 @@ def _by_rule(message, seen, names, expr, freeze) -> tuple[str, str]:
     message += _seen(seen, names, *_THEN)
     if seen["frozen_then"]:
         message += " A tensor unfrozen later does not join them."
-    start = "Make it trainable" if seen["frozen_then"] else "Attach it to the model"
+    if not seen["frozen_then"]:
+        return message, (
+            "Attach it to the model before trainer.train(), or give the Trainer groups that "
+            "hold it: pass `Trainer(..., optimizers=(optimizer, None))` with an optimizer built "
+            f"after it was attached, or override `Trainer.create_optimizer`{freeze}")
     return message, (
-        f"{start} before trainer.train(), or give the Trainer groups that hold it from the "
-        "start, frozen or not (a torch optimizer skips a tensor whose .grad is None): pass "
-        "`Trainer(..., optimizers=(torch.optim.AdamW(model.parameters(), "
+        "Make it trainable before trainer.train(), or give the Trainer groups that hold it "
+        "from the start, frozen or not (a torch optimizer skips a tensor whose .grad is None): "
+        "pass `Trainer(..., optimizers=(torch.optim.AdamW(model.parameters(), "
         f"lr=args.learning_rate), None))`, or override `Trainer.create_optimizer`{freeze}")
 
 
