@@ -1,7 +1,7 @@
 """The live view in a real JupyterLab, driven in a real headless Chromium over CDP: a cell
-trains a model under `diagkit.watch`, and while the cell runs the panel's step count and its
-findings change in the page; at the end the panel is the explorer, every control visible, and
-the browser logged no error."""
+trains a model under `diagkit.watch` (the block of docs/workbook.md), and while the cell runs
+the panel's step count and its findings change in the page; at the end the panel is the
+explorer, every control visible, and the browser logged no error."""
 
 from __future__ import annotations
 
@@ -15,13 +15,16 @@ import pytest
 
 from browser import chromium
 from cdp import Browser
+from doc_blocks import DOCS, snippet
 from jupyter import CELL_ERRORS, KERNEL_IDLE, NOTEBOOK_PANEL, JupyterLab, Page
 
 pytestmark = pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
                                 "(Debian: apt-get install chromium); this test drives it")
 
 TESTS = Path(__file__).resolve().parents[1]
-STEPS = 40
+# The training cell is the live view's block of docs/workbook.md, as a user would paste it.
+TRAIN = snippet(DOCS / "workbook.md", "diagkit.watch(", section="## The live view")
+STEPS = int(re.search(r"steps=(\d+)", TRAIN).group(1))
 SETUP = f"""import sys, time
 sys.path.insert(0, {str(TESTS)!r})
 import torch
@@ -29,17 +32,20 @@ import diagkit
 from models import TwoHeads, two_heads_groups
 torch.manual_seed(0)
 model = TwoHeads()
-opt = torch.optim.SGD(two_heads_groups(dict(model.named_parameters()), planted=True), lr=0.05)"""
-# ~10 s of observed steps: several updates of the panel while the cell still runs.
-TRAIN = f"""w = diagkit.watch(model, opt, steps={STEPS})
-time.sleep(1.5)  # the panel as it starts: no step, no finding
-for step in range({STEPS + 10}):
-    loss = model(torch.randn(4, 8))
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    time.sleep(0.25)
-print("ended:", w.done, w.live.join(60))"""
+optimizer = torch.optim.SGD(two_heads_groups(dict(model.named_parameters()), planted=True),
+                            lr=0.05)
+
+def batches(n):
+    \"\"\"A loader that takes its time: the first batch 1.5 s (the panel as it starts: no step,
+    no finding), then 0.25 s each, so that the panel updates several times while the cell
+    runs.\"\"\"
+    for i in range(n):
+        time.sleep(1.5 if i == 0 else 0.25)
+        yield torch.randn(4, 8)
+
+loader = batches({STEPS} + 10)
+loss_fn = lambda model, batch: model(batch)"""
+END = 'print("ended:", w.done, w.live.join(60))'
 
 # Run every cell without waiting for them: the command's promise settles when they have run.
 START_ALL = f"""(() => {{ const w = {NOTEBOOK_PANEL};
@@ -47,10 +53,11 @@ START_ALL = f"""(() => {{ const w = {NOTEBOOK_PANEL};
   window.jupyterapp.commands.execute('notebook:run-all-cells');
   return true; }})()"""
 # Whether the training cell runs now: its prompt reads [*] from when it is queued until its
-# reply (the kernel's busy/idle status also flips for the widgets' own messages meanwhile).
+# reply (the kernel's busy/idle status also flips for the widgets' own messages meanwhile);
+# the cell after it, which waits for the explorer, runs until "ended:" is printed.
 TRAINING = f"""(() => {{ const w = {NOTEBOOK_PANEL};
-  const cell = w && w.content.widgets[1];
-  return !!(cell && cell.promptNode && cell.promptNode.textContent.includes('*')); }})()"""
+  const cells = w ? w.content.widgets.slice(1) : [];
+  return cells.some(c => c.promptNode && c.promptNode.textContent.includes('*')); }})()"""
 OUTPUTS = ("Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
            ".map(e => e.textContent).join(' ')")
 # The panel as the page shows it, and whether each of its parts is on screen and unclipped.
@@ -75,7 +82,7 @@ LIVE = """(() => {
 
 def _notebook(folder: Path) -> str:
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(SETUP), nbformat.v4.new_code_cell(TRAIN)]
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in (SETUP, TRAIN, END)]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
     nbformat.write(nb, folder / "live.ipynb")

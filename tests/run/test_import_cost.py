@@ -27,15 +27,16 @@ def test_import_diagkit_loads_none_of_the_heavy_modules_and_every_name_resolves(
         import json, sys
         import diagkit
         heavy = [m for m in {HEAVY!r} if m in sys.modules]
-        from diagkit import watch, diagnose, Diagnosis, DiagkitError
+        from diagkit import watch, explore, diagnose, Diagnosis, DiagkitError
         from diagkit.core.result import Diagnosis as D, Finding, load
         from diagkit.judge.verdicts import VERDICTS
         from diagkit.run.target import Setup, load_target
-        import diagkit.run.watch, diagkit.run.api
+        import diagkit.run.watch, diagkit.run.api, diagkit.run.explore
         same = (diagkit.Diagnosis is D and diagkit.Finding is Finding and diagkit.load is load
                 and diagkit.VERDICTS is VERDICTS and diagkit.Setup is Setup
                 and diagkit.load_target is load_target and watch is diagkit.run.watch.watch
-                and diagnose is diagkit.run.api.diagnose)
+                and diagnose is diagkit.run.api.diagnose
+                and explore is diagkit.run.explore.explore)
         try:
             diagkit.no_such_name
             missing = "no error"
@@ -47,7 +48,7 @@ def test_import_diagkit_loads_none_of_the_heavy_modules_and_every_name_resolves(
                           "same": same, "version": diagkit.__version__, "missing": missing}}))
     """)
     assert got["heavy"] == []
-    assert got["all"] == ["watch", "diagnose", "load_target", "Setup", "Diagnosis", "Finding",
+    assert got["all"] == ["watch", "explore", "diagnose", "load_target", "Setup", "Diagnosis", "Finding",
                           "load", "VERDICTS", "DiagkitError", "__version__"]
     assert set(got["all"]) <= set(got["dir"])
     assert got["resolved"] and got["same"] and got["version"]

@@ -91,7 +91,8 @@ def findings_html(findings) -> str:
     first line of its fix."""
     if not findings:
         return "<p style='margin:2px 0;color:#555'>No findings so far.</p>"
-    ordered = sorted(findings, key=lambda f: -severity.rank(f.severity))
+    ordered = sorted(findings, key=lambda f: (getattr(f, "ended", None) is not None,
+                                              -severity.rank(f.severity)))
     rows = [_finding_row(f) for f in ordered[:MOST_FINDINGS]]
     if len(ordered) > MOST_FINDINGS:
         rows.append(f"<div>and {len(ordered) - MOST_FINDINGS} more</div>")
@@ -106,6 +107,9 @@ def _finding_row(f) -> str:
     # The fix wraps at its spaces only: never inside an identifier or a number.
     tail = (f"<code style='white-space:pre-wrap;overflow-wrap:normal;word-break:keep-all'>"
             f"{html.escape(fix[0])}</code>" if fix else html.escape(f.message))
+    if getattr(f, "ended", None) is not None:  # a whole run's finding that no longer holds
+        return (f"<div class='diagkit-live-finding ended' style='margin:2px 0;opacity:0.6'>"
+                f"{chip} held from step {f.since} to {f.until}; gone at step {f.ended}</div>")
     return (f"<div class='diagkit-live-finding {html.escape(f.severity)}' "
             f"style='margin:2px 0'>{chip} {tail}</div>")
 
@@ -116,18 +120,26 @@ def events_html(events: list[dict] | None) -> str:
         return ""
     if not events:
         return "<p style='margin:2px 0;color:#555'>No wiring change so far.</p>"
-    items = "".join(f"<li>step {int(e['step'])}: {html.escape(str(e['what']))}</li>"
-                    for e in events[-MOST_EVENTS:])
+    items = "".join(f"<li>step {int(e['step'])}: {html.escape(str(e['what']))}"
+                    f"{_event_names(e.get('names') or [])}</li>" for e in events[-MOST_EVENTS:])
     more = len(events) - MOST_EVENTS
     head = "Wiring changes" + (f" (the latest {MOST_EVENTS} of {len(events)})" if more > 0
                                else "")
     return f"<div><b>{head}</b><ul style='margin:2px 0'>{items}</ul></div>"
 
 
+def _event_names(names: list[str], most: int = 3) -> str:
+    if not names:
+        return ""
+    shown = ", ".join(dotted_breaks(html.escape(n)) for n in names[:most])
+    return f": {shown}" + (", ..." if len(names) > most else "")
+
+
 def problem_names(findings) -> tuple[str, ...]:
     """The tensors the plot follows: those of the warnings and errors, worst first."""
     names: list[str] = []
-    for f in sorted(findings, key=lambda f: -severity.rank(f.severity)):
+    for f in sorted(findings, key=lambda f: (getattr(f, "ended", None) is not None,
+                                             -severity.rank(f.severity))):
         if severity.rank(f.severity) >= severity.rank("warning"):
             names += [n for n in f.params if n not in names]
     return tuple(names[:MOST_LINES])

@@ -65,15 +65,15 @@ class Snapshot:
 
 class LiveFeed:
     """One watch's live view: `recorded()` from the loop after each observed step, `finish()`
-    with the result. `panel` is the widget; `updates`, `busy`: how many updates were shown
-    and the seconds the feed's thread spent on them."""
+    with the result. `panel` is the widget; `updates`, `busy`, `last_cost`: how many updates
+    were shown, the seconds the feed's thread spent on them, and on the latest."""
 
     def __init__(self, watch):
         from IPython.display import display
 
         from ..present.live_panel import LivePanel
         self.watch, self.panel = watch, LivePanel()
-        self.updates, self.busy = 0, 0.0
+        self.updates, self.busy, self.last_cost = 0, 0.0, 0.0
         self._next = 0.0                    # the monotonic time the next update may start
         self._slot: Snapshot | None = None
         self._final = None                  # (diagnosis,) once the watch ended
@@ -144,7 +144,7 @@ class LiveFeed:
                            "(the watch goes on)")
             return
         cost = time.perf_counter() - started
-        self.updates, self.busy = self.updates + 1, self.busy + cost
+        self.updates, self.busy, self.last_cost = self.updates + 1, self.busy + cost, cost
         self._next = time.monotonic() + max(MIN_GAP, cost / DUTY)
 
     def _judged(self, snap: Snapshot) -> tuple[list, pd.DataFrame]:
