@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 
 from ..core.errors import DiagkitError
-from ..core.files import check_output_dir
-from ..core.options import DEFAULTS, check_run_options, positive_seconds
+from ..core.options import DEFAULTS
 from ..core.result import Diagnosis, StepFailure
 from ..measure.ddp_facts import ddp_facts
 from ..measure.inventory import take_inventory
@@ -34,7 +33,9 @@ from ..measure.unwrap import unwrap_model, unwrap_optimizers
 from ..measure.zero import ZeroView
 from . import watch_ends
 from .gather import RankChannel, distributed
-from .live import LiveFeed, check_live, shown
+from .live import LiveFeed, shown
+from .watch_options import check_watch_options
+from .watch_save import save
 from .pipeline import Observation, judge_observation
 from .watch_ranks import assemble
 from .whole_run import WholeRun
@@ -69,26 +70,6 @@ def watch(model, optimizer_or_list=None, *, steps: int | None = DEFAULTS["watch_
     return Watch(model, optimizer_or_list, steps=steps, every=every, delta=delta,
                  sample=sample, out=out, report=report, timeout=timeout,
                  on_finding=on_finding, halt_on=halt_on, live=live, caller=sys._getframe(1))
-
-
-def check_watch_options(*, steps, every, delta, sample, out, report, timeout, on_finding=None,
-                        halt_on=None, live=None) -> None:
-    """Every option of `watch` checked before anything is attached (the callbacks check theirs
-    with it as they are built): a bad one, or an `out` that cannot be written, fails now, not
-    after training."""
-    check_run_options(steps=steps, delta=delta, every=every, sample=sample)
-    positive_seconds(timeout, "timeout")
-    check_live(live)
-    if on_finding is not None and not callable(on_finding):
-        raise DiagkitError(f"on_finding must be a callable taking a Finding, got "
-                           f"{type(on_finding).__name__}")
-    if halt_on not in (None, "error", "warning"):
-        raise DiagkitError(f"halt_on must be None, 'error' or 'warning', got {halt_on!r}")
-    if report and out is None:
-        raise DiagkitError("report=True needs out=DIR: the report is rendered from the "
-                           "diagnosis saved there")
-    if out is not None:
-        check_output_dir(Path(out), marker="run.json")
 
 
 class Watch:
@@ -328,34 +309,5 @@ class Watch:
                 **({"optimizer_sources": self.sources} if self.sources else {})}
 
     def _save(self) -> None:
-        """Write `out` (and the report). Never raises: a failure is one line on stderr, and the
-        result stays in `diagnosis`. A process being terminated renders no report: that takes
-        a notebook run, longer than a scheduler waits before SIGKILL."""
-        if self.out is None:
-            return
-        try:
-            self._diagnosis.save(self.out)
-        except Exception as exc:  # a full disk, a folder replaced meanwhile: said, not raised
-            watch_ends.report(f"diagkit: could not save the diagnosis to {self.out}: "
-                              f"{type(exc).__name__}: {exc}" + _KEPT[self._ended])
-            return
-        if not self.report:
-            return
-        saved = str(self.out.resolve())
-        if self._ended == "SIGTERM":
-            watch_ends.report(f"diagkit: SIGTERM: the diagnosis is saved to {saved}; render its "
-                              f"report with: diagkit report --from {saved} --out {saved}/report")
-            return
-        try:
-            from .report import write_report
-            write_report(self.out / "report", {saved: {"diagnosis": saved}},
-                         title=f"diagkit watch: {saved}")
-        except Exception as exc:
-            watch_ends.report(f"diagkit: the diagnosis is saved to {saved}, but its report could "
-                              f"not be rendered: {type(exc).__name__}: {exc}")
-
-
-# What is left of a result that could not be saved, by how the watch ended.
-_KEPT = {"steps": " (it is still in Watch.diagnosis)", "stop": " (it is still in Watch.diagnosis)",
-         "exit": " (the process is exiting: the result is lost)",
-         "SIGTERM": " (the process is being terminated: the result is lost)"}
+        """Write `out` (and the report): `watch_save.save`."""
+        save(self._diagnosis, self.out, report=self.report, ended=self._ended)

@@ -1,0 +1,31 @@
+"""Every option of `diagkit.watch`, checked in one place (the callbacks check theirs with it as
+they are built)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..core.errors import DiagkitError
+from ..core.files import check_output_dir
+from ..core.options import check_run_options, positive_seconds
+from .live import check_live
+
+
+def check_watch_options(*, steps, every, delta, sample, out, report, timeout, on_finding=None,
+                        halt_on=None, live=None) -> None:
+    """Every option of `watch` checked before anything is attached (the callbacks check theirs
+    with it as they are built): a bad one, or an `out` that cannot be written, fails now, not
+    after training."""
+    check_run_options(steps=steps, delta=delta, every=every, sample=sample)
+    positive_seconds(timeout, "timeout")
+    check_live(live)
+    if on_finding is not None and not callable(on_finding):
+        raise DiagkitError(f"on_finding must be a callable taking a Finding, got "
+                           f"{type(on_finding).__name__}")
+    if halt_on not in (None, "error", "warning"):
+        raise DiagkitError(f"halt_on must be None, 'error' or 'warning', got {halt_on!r}")
+    if report and out is None:
+        raise DiagkitError("report=True needs out=DIR: the report is rendered from the "
+                           "diagnosis saved there")
+    if out is not None:
+        check_output_dir(Path(out), marker="run.json")
