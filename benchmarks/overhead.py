@@ -701,7 +701,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="out/bench.json", help="JSON output path")
     ap.add_argument("--skip", action="append", default=[],
                     choices=["time", "watch", "fsdp", "zero", "memory", "report", "stride", "import",
-                             "whole"])
+                             "whole", "live"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: the ~350M-parameter GPT variant on the GPU (time and memory)")
     ap.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
@@ -825,6 +825,11 @@ def main(argv=None) -> int:
         lines += _import_lines(sz, result)
     if "whole" not in args.skip:
         lines += _whole_run_lines(sz, result)
+    if "live" not in args.skip:
+        from live_time import live_lines, time_live
+        print("[live] gpt, small in a kernel ...", file=sys.stderr, flush=True)
+        result["live_view"] = time_live(sz, mode)
+        lines += live_lines(result["live_view"])
     result["wall_s"] = time.perf_counter() - started
     _print_and_save(result, lines, out_path, args.profile)
     return 0
