@@ -44,12 +44,13 @@ class LiveView:
 
 
 class LivePanel(widgets.VBox):
-    """The panel: a status line, the findings, the plot, the wiring changes."""
+    """The panel: a status line, the findings, the plot, the wiring changes. `of`: the steps
+    the watch observes (None: the whole run); `note`: what the status line adds."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, of: int | None = None, note: str = "", **kwargs):
         super().__init__(**kwargs)
         full = widgets.Layout(width="auto")
-        self.status = widgets.HTML(value=_status_html(0, None, ""), layout=full)
+        self.status = widgets.HTML(value=_status_html(0, of, note), layout=full)
         self.findings = widgets.HTML(value=findings_html([]), layout=full)
         self.plot = widgets.HTML(value=trajectory_svg(_NO_STEPS, ()), layout=full)
         self.changes = widgets.HTML(value="", layout=full)

@@ -72,15 +72,15 @@ class LiveFeed:
         from IPython.display import display
 
         from ..present.live_panel import LivePanel
-        self.watch, self.panel = watch, LivePanel()
+        self._note = ("rank 0's steps (every rank's are joined at the end)"
+                      if watch.channel is not None else "")
+        self.watch, self.panel = watch, LivePanel(of=watch.steps, note=self._note)
         self.updates, self.busy, self.last_cost = 0, 0.0, 0.0
         self._next = 0.0                    # the monotonic time the next update may start
         self._slot: Snapshot | None = None
         self._final = None                  # (diagnosis,) once the watch ended
         self._wake = threading.Event()
         self._history = pd.DataFrame(columns=["step", "name", "grad_norm"])
-        self._note = ("rank 0's steps (every rank's are joined at the end)"
-                      if watch.channel is not None else "")
         display(self.panel)
         self._thread = threading.Thread(target=self._run, name="diagkit-live", daemon=True)
         self._thread.start()
@@ -91,7 +91,12 @@ class LiveFeed:
         if time.monotonic() < self._next:
             return
         self._next = math.inf  # until the feed's thread is done with this one
-        self._slot = self._snapshot()
+        try:
+            self._slot = self._snapshot()
+        except Exception as exc:  # never into the watch: the view stops, the watch goes on
+            self.panel.say(f"diagkit: the live view stopped: {type(exc).__name__}: {exc} "
+                           "(the watch goes on)")
+            return
         self._wake.set()
 
     def _snapshot(self) -> Snapshot:
