@@ -44,6 +44,17 @@ class Sequences(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": label}
 
 
+def training_args(tmp_path, max_steps: int = 4, **overrides):
+    """The HF `TrainingArguments` of the Trainer tests: `max_steps` steps on the CPU, nothing
+    logged, saved or reported."""
+    from transformers import TrainingArguments
+    values = dict(output_dir=str(tmp_path / "trainer"), max_steps=max_steps,
+                  per_device_train_batch_size=4, use_cpu=True, seed=0, report_to=[],
+                  save_strategy="no", logging_strategy="no", disable_tqdm=True)
+    values.update(overrides)
+    return TrainingArguments(**values)
+
+
 def inner_optimizers(optimizers) -> list:
     """The torch optimizers under accelerate's / Lightning's wrappers, and the wrappers."""
     found = []

@@ -13,20 +13,12 @@ import torch
 
 import diagkit
 from integration_helpers import (NO_HOOKS, Sequences, hooks_left, observed_steps,
-                                 tiny_classifier)
+                                 tiny_classifier, training_args)
 
 transformers = pytest.importorskip("transformers")
-from transformers import Trainer, TrainerState, TrainingArguments  # noqa: E402
+from transformers import Trainer, TrainerState  # noqa: E402
 
 from diagkit.integrations.transformers import DiagkitCallback  # noqa: E402
-
-
-def training_args(tmp_path, **overrides) -> TrainingArguments:
-    values = dict(output_dir=str(tmp_path / "trainer"), max_steps=4,
-                  per_device_train_batch_size=4, use_cpu=True, seed=0, report_to=[],
-                  save_strategy="no", logging_strategy="no", disable_tqdm=True)
-    values.update(overrides)
-    return TrainingArguments(**values)
 
 
 def head_left_out(model) -> torch.optim.Optimizer:

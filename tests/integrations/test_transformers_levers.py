@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from integration_helpers import Sequences, tiny_classifier
+from integration_helpers import Sequences, tiny_classifier, training_args
 
 transformers = pytest.importorskip("transformers")
-from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+from transformers import Trainer, TrainerCallback  # noqa: E402
 
 from diagkit.integrations.transformers import DiagkitCallback  # noqa: E402
 from diagkit.present.source import short_path, source_label  # noqa: E402
@@ -30,18 +30,10 @@ def line_of(mark: str) -> int:
     return found
 
 
-def training_args(tmp_path, **overrides) -> TrainingArguments:
-    values = dict(output_dir=str(tmp_path / "trainer"), max_steps=3,
-                  per_device_train_batch_size=4, use_cpu=True, seed=0, report_to=[],
-                  save_strategy="no", logging_strategy="no", disable_tqdm=True)
-    values.update(overrides)
-    return TrainingArguments(**values)
-
-
 def train(tmp_path, model, *callbacks, steps=3, **trainer_kwargs) -> list:
     """The findings of a DiagkitCallback(steps=steps) over a 3-step `train()`."""
     callback = DiagkitCallback(steps=steps)
-    Trainer(model=model, args=training_args(tmp_path), train_dataset=Sequences(),
+    Trainer(model=model, args=training_args(tmp_path, max_steps=3), train_dataset=Sequences(),
             callbacks=[*callbacks, callback], **trainer_kwargs).train()
     return callback.diagnosis.findings
 
@@ -60,7 +52,7 @@ def body_only(model) -> torch.optim.Optimizer:
 
 def test_a_handed_optimizer_names_optimizers_and_the_helper_that_built_it(tmp_path):
     model, callback = tiny_classifier(), DiagkitCallback(steps=2)
-    Trainer(model=model, args=training_args(tmp_path), train_dataset=Sequences(),
+    Trainer(model=model, args=training_args(tmp_path, max_steps=3), train_dataset=Sequences(),
             callbacks=[callback],
             optimizers=(body_only(model), None)).train()  # MARK-handed-call
     orphan = the_orphan(callback.diagnosis.findings)
@@ -81,7 +73,7 @@ def test_a_handed_optimizer_assigned_first_shows_that_assignment(tmp_path):
                            if not n.startswith("score")], lr=0.1)  # MARK-assigned
     handed = (opt, None)  # a name for the pair is followed too
     callback = DiagkitCallback(steps=2)
-    Trainer(model=model, args=training_args(tmp_path), train_dataset=Sequences(),
+    Trainer(model=model, args=training_args(tmp_path, max_steps=3), train_dataset=Sequences(),
             callbacks=[callback], optimizers=handed).train()
     orphan = the_orphan(callback.diagnosis.findings)
     (source,) = orphan.source
@@ -99,7 +91,7 @@ def test_a_handed_optimizer_from_code_that_cannot_be_read_still_names_the_argume
             " optimizers=(body_only(model), None)).train()")
     callback = DiagkitCallback(steps=2)
     exec(code, {**globals(), "model": model, "callback": callback,  # noqa: S102
-                "args": training_args(tmp_path)})
+                "args": training_args(tmp_path, max_steps=3)})
     orphan = the_orphan(callback.diagnosis.findings)
     assert "handed as `Trainer(optimizers=...)` and builds none" in orphan.message
     assert orphan.fix.startswith("Put it in the optimizer you pass as `Trainer(optimizers="
@@ -205,7 +197,7 @@ def test_an_override_that_calls_the_trainers_create_optimizer_is_the_lever(tmp_p
             return built
 
     callback = DiagkitCallback(steps=2)
-    FreezesTheHeadWhileBuilding(model=tiny_classifier(), args=training_args(tmp_path),
+    FreezesTheHeadWhileBuilding(model=tiny_classifier(), args=training_args(tmp_path, max_steps=3),
                                 train_dataset=Sequences(), callbacks=[callback]).train()
     orphan = the_orphan(callback.diagnosis.findings)
     mine = f"{HERE}:{line_of('MARK-super')}"
