@@ -240,3 +240,18 @@ def test_probe_agrees_with_the_oracle(mode, data):
             check(mode, probe, ts, before, delta, changed)
     finally:
         probe.detach()
+
+
+def test_a_tiny_float64_change_is_not_lost_to_underflow():
+    """The sampled probe's change norm of float64 samples is scaled before squaring: a change
+    of 1e-300 squares to 0 in float64 and read as a change that missed the sample (found by
+    the oracle above on a draw of 2.2e-308). Rows of other sizes, and empty rows, still work."""
+    from diagkit.measure.change_parts import row_change_norms
+    tiny = torch.tensor([[2.2251e-308, 0.0, 0.0, 0.0], [1e-300, 3e-300, 0.0, 0.0]],
+                        dtype=torch.float64)
+    got = row_change_norms(tiny, -tiny)
+    want = [oracle_change(b, a)[1] for b, a in zip(tiny, -tiny)]
+    assert got.tolist() == pytest.approx(want, rel=1e-12, abs=0) and all(w > 0 for w in want)
+    big = torch.tensor([[1.5e308, 0.0]], dtype=torch.float64)
+    assert row_change_norms(big, -big).tolist() == [math.inf]  # the norm itself overflows
+    assert row_change_norms(torch.zeros(2, 0), torch.zeros(2, 0)).tolist() == [0.0, 0.0]

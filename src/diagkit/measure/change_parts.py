@@ -79,11 +79,18 @@ def _integer_parts(before: torch.Tensor, after: torch.Tensor) -> list[torch.Tens
 
 def row_change_norms(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     """Per row of two (rows, n) stacks of samples, the change's L2 norm with the semantics
-    above (float64: NaN equal to NaN, inf for a change to or from NaN or inf)."""
+    above (float64: NaN equal to NaN, inf for a change to or from NaN or inf). Each row is
+    scaled by its largest element first, as `kernels.exact_norm` does: squares of float64
+    changes under ~1e-154 underflow to 0, which would read as a change that missed the
+    sample."""
     b, a = _wide(before).reshape(len(before), -1), _wide(after).reshape(len(after), -1)
     same = (b == a) | (torch.isnan(b) & torch.isnan(a))
     finite = torch.isfinite(b) & torch.isfinite(a)
-    size = torch.linalg.vector_norm(torch.where(~same & finite, b - a, 0.0), dim=1)
+    diff = torch.where(~same & finite, b - a, 0.0)
+    scale = (diff.abs().amax(dim=1, keepdim=True) if diff.shape[1]
+             else torch.ones(len(diff), 1, dtype=diff.dtype))
+    scale = torch.where((scale > 0) & torch.isfinite(scale), scale, 1.0)
+    size = torch.linalg.vector_norm(diff / scale, dim=1) * scale.squeeze(1)
     return torch.where((~same & ~finite).any(dim=1), math.inf, size)
 
 
