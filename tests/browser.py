@@ -7,6 +7,7 @@ and refused here; nothing leaves the machine. `--dump-dom` gives the DOM after l
 
 from __future__ import annotations
 
+import os
 import shutil
 import socketserver
 import subprocess
@@ -18,6 +19,18 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--disable-extensions",
                   "--disable-default-apps", "--mute-audio"]
+
+# What Chromium leaves in the temporary folder (its singleton socket folders, one per launch,
+# left behind by a browser that is ended rather than closed): kept inside its profile folder.
+LEFTOVERS = ("org.chromium.Chromium.*", "diagkit-chromium-*")
+
+
+def chromium_env(profile: str) -> dict:
+    """The environment a Chromium of the tests runs in: its temporary folder inside `profile`,
+    so that what it leaves there goes when the profile is removed."""
+    tmp = os.path.join(profile, "tmp")
+    os.makedirs(tmp, exist_ok=True)
+    return {**os.environ, "TMPDIR": tmp}
 
 
 # A JavaScript function of a root element: the text pieces of its table cells that run across
@@ -102,10 +115,11 @@ def _load(url: str, *, screenshot: str | None = None,
             cmd = [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
                    f"--proxy-server=http://127.0.0.1:{port}", "--proxy-bypass-list=<-loopback>",
                    "--virtual-time-budget=5000", "--window-size=1300,1600"]
+            env = chromium_env(profile)
             if screenshot:
                 subprocess.run([*cmd, f"--screenshot={screenshot}", url], capture_output=True,
-                               timeout=timeout, check=False)
+                               timeout=timeout, check=False, env=env)
             done = subprocess.run([*cmd, "--dump-dom", url], capture_output=True, text=True,
-                                  timeout=timeout, check=False)
+                                  timeout=timeout, check=False, env=env)
         proxy.shutdown()
     return done.stdout, seen

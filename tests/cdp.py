@@ -26,7 +26,7 @@ from pathlib import Path
 
 import websocket
 
-from browser import CHROMIUM_FLAGS, chromium
+from browser import CHROMIUM_FLAGS, chromium, chromium_env
 
 # Loopback bypasses the proxy by default; anything else is sent to a port nothing listens on.
 _NO_NETWORK = ["--proxy-server=http://127.0.0.1:9"]
@@ -67,7 +67,8 @@ class Browser:
             [chromium(), *CHROMIUM_FLAGS, *_NO_NETWORK, f"--user-data-dir={self._profile}",
              "--remote-debugging-port=0", "--remote-allow-origins=*",
              f"--window-size={w},{h}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=chromium_env(self._profile))
         port_file = Path(self._profile) / "DevToolsActivePort"
         _poll(lambda: port_file.exists() and port_file.read_text().strip(), 60,
               "Chromium did not open its debugging port")

@@ -12,14 +12,19 @@ worker has ended. A nested pytest (a test that runs pytest) starts a session of 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
+from browser import LEFTOVERS
 from jobs import carrying, kill_carrying
 
 SESSION_MARKER = "DIAGKIT_TEST_SESSION"
+_BEFORE = pytest.StashKey[set]()
 GRACE_S = float(os.environ.get("DIAGKIT_TEST_LEAK_GRACE_S", "5"))  # the tests of it: less
 
 
@@ -28,14 +33,21 @@ def _is_worker(config) -> bool:
 
 
 def pytest_configure(config):
-    """Mark this session; before xdist starts its workers, which then inherit the mark."""
+    """Mark this session; before xdist starts its workers, which then inherit the mark. Note
+    what the temporary folder holds of a browser's leftovers (`browser.LEFTOVERS`)."""
     if not _is_worker(config):
         os.environ[SESSION_MARKER] = uuid.uuid4().hex
+        config.stash[_BEFORE] = _leftovers()
+
+
+def _leftovers() -> set[str]:
+    return {str(p) for pattern in LEFTOVERS for p in Path(tempfile.gettempdir()).glob(pattern)}
 
 
 @pytest.hookimpl(trylast=True)  # after xdist's own sessionfinish, which ends the workers
 def pytest_sessionfinish(session):
-    """Fail the session if any process it started is still alive (killed, then named)."""
+    """Fail the session if any process it started is still alive (killed, then named), or a
+    browser of it left its folders behind."""
     if _is_worker(session.config) or SESSION_MARKER not in os.environ:
         return
     tag = os.environ[SESSION_MARKER]
@@ -43,14 +55,30 @@ def pytest_sessionfinish(session):
     while carrying(SESSION_MARKER, tag) and time.monotonic() < end:
         time.sleep(0.1)
     left = kill_carrying(SESSION_MARKER, tag)
-    if not left:
-        return
-    lines = [f"{len(left)} process(es) started by the tests outlived the session "
-             f"(killed now):", *(f"  pid {pid}: {cmd[:300]}" for pid, cmd in sorted(left.items()))]
+    if left:
+        _fail(session, "processes left behind", [
+            f"{len(left)} process(es) started by the tests outlived the session (killed now):",
+            *(f"  pid {pid}: {cmd[:300]}" for pid, cmd in sorted(left.items()))])
+    _check_folders(session)
+
+
+def _check_folders(session) -> None:
+    """Fail the session if a browser of the tests left its folders in the temporary folder
+    (removed now). Only the ones that appeared during the session count."""
+    new = sorted(_leftovers() - session.config.stash.get(_BEFORE, set()))
+    for folder in new:
+        shutil.rmtree(folder, ignore_errors=True)
+    if new:
+        _fail(session, "folders left behind", [
+            f"{len(new)} folder(s) a browser of the tests left in the temporary folder "
+            "(removed now):", *(f"  {f}" for f in new)])
+
+
+def _fail(session, title: str, lines: list[str]) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.ensure_newline()
-        reporter.write_sep("=", "processes left behind", red=True)
+        reporter.write_sep("=", title, red=True)
         for line in lines:
             reporter.write_line(line)
     else:

@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from browser import chromium
+from cdp import Browser
 from jobs import carrying, marked_here, run_job
 
 HERE = Path(__file__).resolve().parent
@@ -81,3 +84,31 @@ def test_marked_here_sees_only_its_own_processes():
     finally:
         other.kill()
         other.wait()
+
+
+LEAVES_A_FOLDER = '''
+import pathlib, tempfile
+
+def test_leaves_a_browser_folder():
+    (pathlib.Path(tempfile.gettempdir()) / "org.chromium.Chromium.diagkit-test").mkdir()
+'''
+
+
+def test_a_session_that_leaves_a_browser_folder_fails_and_removes_it(tmp_path):
+    folder = Path(tempfile.gettempdir()) / "org.chromium.Chromium.diagkit-test"
+    done = pytest_run(tmp_path, LEAVES_A_FOLDER)
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "1 passed" in done.stdout
+    assert "1 folder(s) a browser of the tests left in the temporary folder" in done.stdout
+    assert str(folder) in done.stdout and not folder.exists()
+
+
+@pytest.mark.skipif(chromium() is None, reason="chromium is not installed")
+def test_a_browser_of_the_tests_leaves_nothing_in_the_temporary_folder():
+    """Chromium ended by the tests (terminated, not closed from its menu) left a singleton
+    folder in /tmp per launch; its temporary folder is now inside its profile."""
+    singletons = lambda: set(Path(tempfile.gettempdir()).glob("org.chromium.Chromium.*"))  # noqa: E731
+    before = singletons()
+    with Browser(400, 300) as browser:
+        assert browser.evaluate("1 + 1") == 2
+    assert singletons() - before == set()
