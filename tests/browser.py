@@ -21,8 +21,9 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-default-apps", "--mute-audio"]
 
 # What Chromium leaves in the temporary folder (its singleton socket folders, one per launch,
-# left behind by a browser that is ended rather than closed): kept inside its profile folder.
-LEFTOVERS = ("org.chromium.Chromium.*", "diagkit-chromium-*")
+# left behind by a browser that is ended rather than closed; kept inside its profile folder
+# now), and torchrun (a log folder per run, never removed): what tests/leaks.py looks for.
+LEFTOVERS = ("org.chromium.Chromium.*", "diagkit-chromium-*", "torchelastic_*")
 
 
 def chromium_env(profile: str) -> dict:

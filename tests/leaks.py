@@ -1,4 +1,5 @@
-"""A pytest plugin (loaded by conftest.py): the suite fails if a process it started outlives it.
+"""A pytest plugin (loaded by conftest.py): the suite fails if a process it started outlives it,
+or a folder it made outlives it in the machine's temporary folder.
 
 At the start of a session, `DIAGKIT_TEST_SESSION` is set to a fresh value in this process's
 environment, so every process the tests start inherits it (subprocesses, torchrun and its
@@ -25,6 +26,7 @@ from jobs import carrying, kill_carrying
 
 SESSION_MARKER = "DIAGKIT_TEST_SESSION"
 _BEFORE = pytest.StashKey[set]()
+_SCRATCH = pytest.StashKey[tuple]()  # (the session's temporary folder, TMPDIR before it)
 GRACE_S = float(os.environ.get("DIAGKIT_TEST_LEAK_GRACE_S", "5"))  # the tests of it: less
 
 
@@ -33,15 +35,22 @@ def _is_worker(config) -> bool:
 
 
 def pytest_configure(config):
-    """Mark this session; before xdist starts its workers, which then inherit the mark. Note
-    what the temporary folder holds of a browser's leftovers (`browser.LEFTOVERS`)."""
+    """Mark this session, and give the processes it starts a temporary folder of its own
+    (`TMPDIR`), removed at its end: what torchrun, the ranks and the browsers leave there
+    goes with it. Both before xdist starts its workers, which inherit them. This process keeps
+    the machine's temporary folder (pytest's own `tmp_path` folders stay there, kept as pytest
+    keeps them); what it holds of a browser's or torchrun's leftovers is noted."""
     if not _is_worker(config):
         os.environ[SESSION_MARKER] = uuid.uuid4().hex
-        config.stash[_BEFORE] = _leftovers()
+        machine = tempfile.gettempdir()  # read, and kept by this process, before TMPDIR moves
+        config.stash[_BEFORE] = _leftovers(machine)
+        config.stash[_SCRATCH] = (tempfile.mkdtemp(prefix="diagkit-tests-", dir=machine),
+                                  os.environ.get("TMPDIR"))
+        os.environ["TMPDIR"] = config.stash[_SCRATCH][0]
 
 
-def _leftovers() -> set[str]:
-    return {str(p) for pattern in LEFTOVERS for p in Path(tempfile.gettempdir()).glob(pattern)}
+def _leftovers(folder: str) -> set[str]:
+    return {str(p) for pattern in LEFTOVERS for p in Path(folder).glob(pattern)}
 
 
 @pytest.hookimpl(trylast=True)  # after xdist's own sessionfinish, which ends the workers
@@ -63,15 +72,23 @@ def pytest_sessionfinish(session):
 
 
 def _check_folders(session) -> None:
-    """Fail the session if a browser of the tests left its folders in the temporary folder
-    (removed now). Only the ones that appeared during the session count."""
-    new = sorted(_leftovers() - session.config.stash.get(_BEFORE, set()))
+    """Remove the session's temporary folder; fail the session if a browser or torchrun of the
+    tests left folders in the machine's (removed now): only those that appeared during the
+    session count."""
+    scratch, before = session.config.stash.get(_SCRATCH, (None, None))
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+    new = sorted(_leftovers(tempfile.gettempdir()) - session.config.stash.get(_BEFORE, set()))
     for folder in new:
         shutil.rmtree(folder, ignore_errors=True)
     if new:
         _fail(session, "folders left behind", [
-            f"{len(new)} folder(s) a browser of the tests left in the temporary folder "
-            "(removed now):", *(f"  {f}" for f in new)])
+            f"{len(new)} folder(s) a browser or torchrun of the tests left in the temporary "
+            "folder (removed now):", *(f"  {f}" for f in new)])
 
 
 def _fail(session, title: str, lines: list[str]) -> None:

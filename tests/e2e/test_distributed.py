@@ -1,6 +1,7 @@
 """Real torch.distributed runs: torchrun, 2 processes, gloo on this CPU."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -41,10 +42,12 @@ def cli_run(tmp_path_factory):
     """One `diagkit check --nproc 2` of meta_memory, saved: the CLI's exit code and --json, and
     the library's result of the same run (`--save`, loaded), share one torchrun job."""
     out = tmp_path_factory.mktemp("nproc2")
+    (out / "tmp").mkdir()  # its temporary folder: left clean (torchrun's own folder included)
     started = time.monotonic()
     run = subprocess.run([DIAGKIT, "check", "diagkit.demos:meta_memory", "--nproc", "2",
                           "--steps", "4", "--json", str(out / "out.json"), "--save",
-                          str(out / "diag")], capture_output=True, text=True, timeout=300)
+                          str(out / "diag")], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TMPDIR": str(out / "tmp")})
     return run, time.monotonic() - started, out
 
 
@@ -74,6 +77,9 @@ def test_cli_nproc_2_exits_1_and_writes_json(cli_run):
     run, seconds, out = cli_run
     assert run.returncode == 1, run.stderr
     assert seconds < 60
+    # nothing left in the temporary folder but torch's own compile cache, kept by design
+    assert [p.name for p in (out / "tmp").iterdir()
+            if not p.name.startswith("torchinductor_")] == []
     params = json.loads((out / "out.json").read_text())["params"]
     assert {"orphan", "grad_not_cleared"} == set(next(p for p in params if p["name"] == MEM)
                                                  ["verdicts"])

@@ -74,8 +74,11 @@ def _json(path: Path):
 def _launch(run_dir: Path, nproc: int, timeout: float) -> tuple[int | None, bool, str]:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     env.setdefault("TORCH_DISTRIBUTED_DEBUG", "INFO")  # DDP names unused tensors (DETAIL crashes)
+    # --log-dir: torchrun's own folder (else a torchelastic_* in /tmp, never removed) goes
+    # with the run folder.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=0.5",
+           f"--log-dir={run_dir / 'torchrun'}",
            "-m", "diagkit.run.worker", str(run_dir / "spec.json")]
     log_path = run_dir / "torchrun.log"
     with open(log_path, "wb") as log:
