@@ -84,7 +84,8 @@ LEVERS = {
     "hf_trainer.py": ("`Trainer(optimizers=(optimizer, scheduler))` ({at})",
                       "optimizers=(optimizer_for(model), None)",
                       'head = [p for n, p in named if n.startswith("classifier.")]'),
-    "lightning_fit.py": ("Put it in the optimizer your `configure_optimizers` builds ({at})",
+    "lightning_fit.py": ("Put it in the optimizer your `configure_optimizers` builds ({at}): "
+                         "include [self.encoder.offset] in the params it passes",
                          'if not n.startswith("encoder.")',
                          'params = [p for n, p in self.named_parameters() if not '
                          'n.startswith("encoder.")]'),

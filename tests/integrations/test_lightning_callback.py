@@ -192,3 +192,5 @@ def test_an_orphan_points_at_the_users_configure_optimizers(tmp_path):
     assert "MARK-configure" in source["lines"][0]
     assert "configure_optimizers" in orphan.fix and "add_param_group" not in orphan.fix
     assert "test_lightning_callback.py:" in orphan.fix
+    # written as configure_optimizers names the module: self, not model
+    assert "include list(self.head.parameters()) in the params it passes" in orphan.fix

@@ -165,3 +165,5 @@ def test_an_orphan_points_at_the_users_create_optimizer(tmp_path):
     assert source["callers"][0][0] == "create_optimizer"
     assert "your `create_optimizer` builds (test_transformers_callback.py:" in orphan.fix
     assert "add_param_group" not in orphan.fix
+    # written as a Trainer's method names the model: self.model
+    assert "include [self.model.score.weight] in the params it passes" in orphan.fix
