@@ -262,3 +262,23 @@ def test_a_target_returning_an_engine_under_nproc(tmp_path, stage, planted):
     assert by_name["head.weight"]["placement"] == ("ZeRO-3 partition" if stage == 3 else "")
     if not planted:
         assert all(row["verdicts"] == ["ok"] for row in params)
+
+
+def test_an_engine_target_without_nproc_says_to_give_it_a_process_group(tmp_path):
+    """One process, no process group: DeepSpeed looks for MPI to start one. The line says to
+    run the target under `--nproc N` (exit 2), not only that mpi4py is missing."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("mpi4py") is not None:
+        pytest.skip("mpi4py is installed: DeepSpeed then starts a process group through MPI")
+    (tmp_path / "ds_target.py").write_text(TARGET)
+    diagkit = str(Path(sys.executable).parent / "diagkit")
+    done = subprocess.run([diagkit, "check", "ds_target.py:build"], cwd=tmp_path, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    line, = done.stderr.strip().splitlines()
+    assert line.startswith("diagkit: error: target 'ds_target.py:build' raised while building")
+    assert line.endswith("No module named 'mpi4py' (DeepSpeed looks for MPI when no process "
+                         "group exists: run the target under one, with --nproc N)")

@@ -183,7 +183,17 @@ def _build(fn: Callable, spec: str, kwargs: dict):
                           "setup") from None
     except Exception as exc:  # the user's builder failed: say so in one line, keep the cause
         raise TargetError(f"target {spec!r} raised while building the setup: "
-                          f"{type(exc).__name__}: {exc}") from exc
+                          f"{type(exc).__name__}: {exc}{_hint(exc)}") from exc
+
+
+def _hint(exc: Exception) -> str:
+    """What to do, where a target's failure has a known cause on diagkit's side: DeepSpeed
+    without a process group looks for MPI to start one (`mpi4py`)."""
+    if (isinstance(exc, ImportError) and getattr(exc, "name", None) == "mpi4py"
+            and "deepspeed" in sys.modules):
+        return (" (DeepSpeed looks for MPI when no process group exists: run the target "
+                "under one, with --nproc N)")
+    return ""
 
 
 @contextlib.contextmanager
