@@ -125,6 +125,11 @@ RUN_ALL = f"""(() => {{
   window.jupyterapp.shell.activateById(w.id);
   return window.jupyterapp.commands.execute('notebook:run-all-cells').then(() => true);
 }})()"""
+# Run every cell without waiting for them: the command's promise settles when they have run.
+START_ALL = f"""(() => {{ const w = {NOTEBOOK_PANEL};
+  window.jupyterapp.shell.activateById(w.id);
+  window.jupyterapp.commands.execute('notebook:run-all-cells');
+  return true; }})()"""
 SAVE = f"""(() => {{
   const w = {NOTEBOOK_PANEL};
   return w.context.save().then(() => !w.model.dirty);

@@ -16,7 +16,7 @@ import pytest
 from browser import chromium
 from cdp import Browser
 from doc_blocks import DOCS, snippet
-from jupyter import CELL_ERRORS, KERNEL_IDLE, NOTEBOOK_PANEL, JupyterLab, Page
+from jupyter import CELL_ERRORS, KERNEL_IDLE, NOTEBOOK_PANEL, START_ALL, JupyterLab, Page
 
 pytestmark = pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
                                 "(Debian: apt-get install chromium); this test drives it")
@@ -47,11 +47,6 @@ loader = batches({STEPS} + 10)
 loss_fn = lambda model, batch: model(batch)"""
 END = 'print("ended:", w.done, w.live.join(60))'
 
-# Run every cell without waiting for them: the command's promise settles when they have run.
-START_ALL = f"""(() => {{ const w = {NOTEBOOK_PANEL};
-  window.jupyterapp.shell.activateById(w.id);
-  window.jupyterapp.commands.execute('notebook:run-all-cells');
-  return true; }})()"""
 # Whether the training cell runs now: its prompt reads [*] from when it is queued until its
 # reply (the kernel's busy/idle status also flips for the widgets' own messages meanwhile);
 # the cell after it, which waits for the explorer, runs until "ended:" is printed.

@@ -15,7 +15,6 @@ optimizer was built (`Finding.source`)").
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 # The framework hooks in which a user builds the optimizer a trainer then uses.
@@ -37,12 +36,11 @@ def user_hook(group) -> tuple[str, str] | None:
     return None
 
 
-def as_in_hook(expr: str, hook: str) -> str:
-    """`expr` (written on `model`) as the hook's own code names the model: `self` inside a
-    LightningModule's `configure_optimizers`, `self.model` inside a Trainer's
-    `create_optimizer`, so that the fix pastes where it says to."""
-    inside = "self.model." if hook == "create_optimizer" else "self."
-    return re.sub(r"(?<![\w.])model\.", inside, expr)
+def hook_root(hook: str) -> str:
+    """What the code of `hook` calls the model, so that a fix pastes where it says: `self`
+    inside a LightningModule's `configure_optimizers`, `self.model` inside a Trainer's
+    `create_optimizer`."""
+    return "self.model" if hook == "create_optimizer" else "self"
 
 
 def trainer_lever(group, expr: str, freeze: str) -> tuple[str, str] | None:

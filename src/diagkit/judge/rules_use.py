@@ -5,7 +5,7 @@ Each rule is followed by the explanation of its findings (see `diagkit.judge.ver
 from __future__ import annotations
 
 from ..core.schema import is_dtensor_placement
-from .levers import as_in_hook, trainer_lever, user_hook
+from .levers import hook_root, trainer_lever, user_hook
 from .verdict import in_optimizer, per_tensor, rg_used_counts, verdict
 from .wording import accessor, iter_expr, params_expr, subject, trend
 
@@ -34,7 +34,8 @@ def _explain_orphan(label, group, steps):
     if hook is not None:
         name, where = hook
         return message, (f"Put it in the optimizer your `{name}` builds ({where}): include "
-                         f"{as_in_hook(expr, name)} in the params it passes{freeze}")
+                         f"{params_expr(label, group, hook_root(name))} in the params it "
+                         f"passes{freeze}")
     if "DeepSpeedEngine" in (_context_wrappers(group) or ()):
         return message + _UNDER_ZERO, (
             "Put it in the torch optimizer's groups before deepspeed.initialize(model=..., "

@@ -38,12 +38,14 @@ def iter_expr(label: str, group: pd.DataFrame) -> str:
     return params_expr(label, group)
 
 
-def params_expr(label: str, group: pd.DataFrame) -> str:
+def params_expr(label: str, group: pd.DataFrame, root: str = "model") -> str:
+    """The group's tensors as a list to paste, on `root` (what the code there calls the
+    model: `self` inside a LightningModule's hook, say)."""
     if len(group) == 1:
-        return f"[{accessor(group['name'].iloc[0])}]"
+        return f"[{accessor(group['name'].iloc[0], root)}]"
     if label and group["in_model"].all() and group.attrs.get("whole", True):
-        return f"list({accessor(label)}.parameters())"
-    return "[" + ", ".join(accessor(n) for n in group["name"]) + "]"
+        return f"list({accessor(label, root)}.parameters())"
+    return "[" + ", ".join(accessor(n, root) for n in group["name"]) + "]"
 
 
 def trend(steps: pd.DataFrame, names, column: str) -> str:

@@ -21,6 +21,7 @@ import pandas as pd
 
 from ..core import severity
 from ..core.format import dotted_breaks
+from ..judge.findings import sort_findings
 from .sections import severity_chip
 
 MOST_FINDINGS = 8   # chips shown; the rest are counted
@@ -92,12 +93,16 @@ def findings_html(findings) -> str:
     first line of its fix."""
     if not findings:
         return "<p style='margin:2px 0;color:#555'>No findings so far.</p>"
-    ordered = sorted(findings, key=lambda f: (getattr(f, "ended", None) is not None,
-                                              -severity.rank(f.severity)))
+    ordered = _ordered(findings)
     rows = [_finding_row(f) for f in ordered[:MOST_FINDINGS]]
     if len(ordered) > MOST_FINDINGS:
         rows.append(f"<div>and {len(ordered) - MOST_FINDINGS} more</div>")
     return "".join(rows)
+
+
+def _ordered(findings) -> list:
+    """Worst first (`sort_findings`), the findings that no longer hold after the others."""
+    return sorted(sort_findings(findings), key=lambda f: f.ended is not None)
 
 
 def _finding_row(f) -> str:
@@ -108,7 +113,7 @@ def _finding_row(f) -> str:
     # The fix wraps at its spaces only: never inside an identifier or a number.
     tail = (f"<code style='white-space:pre-wrap;overflow-wrap:normal;word-break:keep-all'>"
             f"{html.escape(fix[0])}</code>" if fix else html.escape(f.message))
-    if getattr(f, "ended", None) is not None:  # a whole run's finding that no longer holds
+    if f.ended is not None:  # a whole run's finding that no longer holds
         return (f"<div class='diagkit-live-finding ended' style='margin:2px 0;opacity:0.6'>"
                 f"{chip} held from step {f.since} to {f.until}; gone at step {f.ended}</div>")
     return (f"<div class='diagkit-live-finding {html.escape(f.severity)}' "
@@ -139,8 +144,7 @@ def _event_names(names: list[str], most: int = 3) -> str:
 def problem_names(findings) -> tuple[str, ...]:
     """The tensors the plot follows: those of the warnings and errors, worst first."""
     names: list[str] = []
-    for f in sorted(findings, key=lambda f: (getattr(f, "ended", None) is not None,
-                                             -severity.rank(f.severity))):
+    for f in _ordered(findings):
         if severity.rank(f.severity) >= severity.rank("warning"):
             names += [n for n in f.params if n not in names]
     return tuple(names[:MOST_LINES])

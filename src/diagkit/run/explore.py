@@ -36,8 +36,8 @@ def explore(diagnosis_or_folder, top: int = 6):
 
         def reload():
             again = read(folder)
-            return view(again, top), _running(again)
-        return Reloadable(reload, view(diag, top), _running(diag))
+            return view(again, top), _saved_line(again)
+        return Reloadable(reload, view(diag, top), _saved_line(diag))
     if not all(hasattr(diagnosis_or_folder, a) for a in ("params", "steps")):
         raise DiagkitError("explore takes a Diagnosis (diagkit.load, Watch.diagnosis) or the "
                            f"folder one was saved to, got {type(diagnosis_or_folder).__name__}")
@@ -60,7 +60,7 @@ def read(folder: Path):
             time.sleep(0.2)
 
 
-def _running(diag) -> str:
+def _saved_line(diag) -> str:
     observed = (diag.meta or {}).get("steps_observed", 0)
     if (diag.meta or {}).get("ended") != "running":
         return f"The job has ended: its diagnosis ({observed} observed steps)."

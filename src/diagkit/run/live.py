@@ -58,6 +58,7 @@ class Snapshot:
 
     records: StepRecords
     rows: list[dict]
+    meta: dict
     observed: int
     findings: list | None   # a whole-run watch's findings so far (None: judge `records`)
     events: list[dict] | None
@@ -103,14 +104,14 @@ class LiveFeed:
         w = self.watch
         run = w.run
         observer = w.observer if run is None else run.observer
+        parts = (observer.records.snapshot(), list(observer.inv.rows), w._meta(),
+                 w.clock.observed)
         if run is None:
-            return Snapshot(observer.records.snapshot(), list(observer.inv.rows),
-                            w.clock.observed, None, None)
+            return Snapshot(*parts, None, None)
         findings = run.timeline.findings()
         if run.ranks is not None and run.ranks.mismatch is not None:
             findings.append(run.ranks.mismatch)
-        return Snapshot(observer.records.snapshot(), list(observer.inv.rows),
-                        w.clock.observed, findings, list(run.events))
+        return Snapshot(*parts, findings, list(run.events))
 
     def finish(self, diagnosis) -> None:
         """The watch ended: the panel becomes the explorer of `diagnosis` (on the feed's
@@ -157,10 +158,7 @@ class LiveFeed:
         from ..present.live_panel import problem_names
         table = snap.records.table()
         if snap.findings is None:  # a watch of `steps`: judge what was recorded so far
-            w = self.watch
-            meta = {"optimizers": len(w.optimizers), "wrappers": w.wrappers,
-                    **({"optimizer_sources": w.sources} if w.sources else {})}
-            judged = judge_observation(Observation(snap.rows, table, None, meta))
+            judged = judge_observation(Observation(snap.rows, table, None, snap.meta))
             return judged.findings, table[["step", "name", "grad_norm"]]
         names = problem_names(snap.findings)
         recent = table.loc[table["name"].isin(names), ["step", "name", "grad_norm"]]
