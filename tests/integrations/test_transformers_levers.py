@@ -205,3 +205,5 @@ def test_an_override_that_calls_the_trainers_create_optimizer_is_the_lever(tmp_p
     assert orphan.fix.startswith(f"Put it in the optimizer your `create_optimizer` ({mine}) "
                                  "returns")
     assert "rule" not in orphan.message and orphan.source[0]["rule"] is None
+    # the override's code names the model self.model
+    assert 'self.optimizer.add_param_group({"params": [self.model.score.weight]})' in orphan.fix

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .wording import params_expr
+
 # The framework hooks in which a user builds the optimizer a trainer then uses.
 _HOOKS = ("configure_optimizers", "create_optimizer")
 _SHOWN = 3  # names listed where only some of a finding's tensors share a fact
@@ -43,7 +45,7 @@ def hook_root(hook: str) -> str:
     return "self.model" if hook == "create_optimizer" else "self"
 
 
-def trainer_lever(group, expr: str, freeze: str) -> tuple[str, str] | None:
+def trainer_lever(label: str, group, expr: str, freeze: str) -> tuple[str, str] | None:
     """(what the message adds, the fix) for an orphan under the HF Trainer's optimizer,
     handed in (`optimizers=`) or built by the Trainer itself; None for any other optimizer."""
     records = [r for r in group.attrs.get("sources") or ()
@@ -55,7 +57,8 @@ def trainer_lever(group, expr: str, freeze: str) -> tuple[str, str] | None:
             for key in ("frozen_then", "absent_then")}
     if records[0]["lever"] == "optimizers":
         return _handed(records[0], seen, names, expr, freeze)
-    return _built(records[0], seen, names, expr, freeze)
+    return _built(records[0], seen, names, expr, freeze,
+                  own=params_expr(label, group, hook_root("create_optimizer")))
 
 
 def _handed(record, seen, names, expr, freeze) -> tuple[str, str]:
@@ -73,10 +76,11 @@ def _handed(record, seen, names, expr, freeze) -> tuple[str, str]:
     return message, fix
 
 
-def _built(record, seen, names, expr, freeze) -> tuple[str, str]:
+def _built(record, seen, names, expr, freeze, own: str) -> tuple[str, str]:
     """The optimizer the Trainer's own `create_optimizer` built inside `train()`: by its rule
     (checked as it returned), by the setting that chose otherwise, or inside a user's
-    override that called it (where nothing was checked at the Trainer's return)."""
+    override that called it (where nothing was checked at the Trainer's return; `own`: the
+    tensors as that override's code names them)."""
     at = record["lever_at"]
     override = next((f"{Path(file).name}:{line}" for function, file, line
                      in record.get("callers") or () if function == "create_optimizer"), None)
@@ -86,7 +90,7 @@ def _built(record, seen, names, expr, freeze) -> tuple[str, str]:
             f"Put it in the optimizer your `create_optimizer` ({override}) returns: the "
             "Trainer's, which it calls, takes only parameters of `trainer.model` that require "
             "grad as it runs (unless `optim` groups them its own way); e.g. after that call: "
-            f'self.optimizer.add_param_group({{"params": {expr}}}){freeze}')
+            f'self.optimizer.add_param_group({{"params": {own}}}){freeze}')
     message = f" The optimizer is the Trainer's own: its `create_optimizer` ({at}) built it"
     if not record.get("rule"):
         return (message + " as `train()` began, not by its default rule (every parameter of "

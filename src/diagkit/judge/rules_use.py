@@ -47,7 +47,7 @@ def _explain_orphan(label, group, steps):
                     "not_in_model), not these.")
         return message, ("Build the optimizer after sharding: fully_shard(...) every module "
                          "first, then torch.optim.AdamW(model.parameters(), ...).")
-    trainer = trainer_lever(group, expr, freeze)
+    trainer = trainer_lever(label, group, expr, freeze)
     if trainer is not None:
         return message + trainer[0], trainer[1]
     prefixed = [n for n in names if n.startswith("module.")]
