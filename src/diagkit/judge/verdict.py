@@ -7,9 +7,12 @@ explanation; `diagkit.judge.verdicts` gathers them in the order of the README's 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 from collections.abc import Callable
 
+import numpy as np
 import pandas as pd
 
 from ..core import severity as _severity
@@ -78,10 +81,44 @@ def verdict(name: str, severity: str, meaning: str, per_rank: bool = False,
 
 
 # ------------------------------------------------------------------ helpers for rules
+# Within one `judge()` call: each steps row's tensor, as its row number in params (-1: none),
+# keyed by the two tables' identities. The tables are held with it, so an id stays theirs.
+_ROWS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("diagkit_rows", default=None)
+
+
+@contextlib.contextmanager
+def shared_rows():
+    """Rules judged inside share the name-to-row lookup `per_tensor` counts with: each rule
+    asks for several counts, and a string groupby per count was most of the judging time
+    (docs/cost.md, "The fixed cost of a call")."""
+    token = _ROWS.set({})
+    try:
+        yield
+    finally:
+        _ROWS.reset(token)
+
+
+def _rows(params: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray | None:
+    """Each steps row's position in params (-1: a name params lacks), or None when the names
+    of params are not unique (then `per_tensor` counts by name, as a groupby would)."""
+    memo, key = _ROWS.get(), (id(params), id(steps))
+    if memo is not None and key in memo:
+        return memo[key][2]
+    names = pd.Index(params["name"])
+    rows = names.get_indexer(steps["name"]) if names.is_unique else None
+    if memo is not None:
+        memo[key] = (params, steps, rows)
+    return rows
+
+
 def per_tensor(params: pd.DataFrame, steps: pd.DataFrame, mask: pd.Series) -> pd.Series:
     """Count of steps (rows) where `mask` holds, per tensor, aligned with params."""
-    counts = mask.groupby(steps["name"]).sum() if len(steps) else pd.Series(dtype=int)
-    return params["name"].map(counts).fillna(0).astype(int)
+    rows = _rows(params, steps) if len(mask) == len(steps) else None
+    if rows is None or not mask.index.equals(steps.index):
+        counts = mask.groupby(steps["name"]).sum() if len(steps) else pd.Series(dtype=int)
+        return params["name"].map(counts).fillna(0).astype(int)
+    hit = rows[(rows >= 0) & mask.to_numpy(dtype=bool, na_value=False)]
+    return pd.Series(np.bincount(hit, minlength=len(params)), index=params.index, dtype=int)
 
 
 def rg_used_counts(params, steps):

@@ -12,7 +12,7 @@ import pandas as pd
 from ..core import severity
 from ..measure.aggregate import fold_ranks
 from . import rules_use, rules_change, rules_groups, rules_ranks  # noqa: F401  (registration)
-from .verdict import NEEDS, REGISTRY, Verdict
+from .verdict import NEEDS, REGISTRY, Verdict, shared_rows
 
 VERDICTS: dict[str, Verdict] = REGISTRY
 
@@ -65,14 +65,15 @@ def judge(params: pd.DataFrame, steps: pd.DataFrame, *, meta: bool = False,
     hits: dict[str, pd.Series] = {}
     errors: list[tuple[str, str]] = []
     per_step = fold_ranks(steps)
-    for name, v in VERDICTS.items():
-        if (meta and not v.on_meta) or (v.membership and not optimizers):
-            continue
-        try:
-            result = v.rule(params, steps if v.per_rank else per_step)
-            hits[name] = pd.Series(result, index=params.index).fillna(False).astype(bool)
-        except Exception as exc:  # a broken rule is a finding, never a crash
-            errors.append((name, f"{type(exc).__name__}: {exc}"))
+    with shared_rows():
+        for name, v in VERDICTS.items():
+            if (meta and not v.on_meta) or (v.membership and not optimizers):
+                continue
+            try:
+                result = v.rule(params, steps if v.per_rank else per_step)
+                hits[name] = pd.Series(result, index=params.index).fillna(False).astype(bool)
+            except Exception as exc:  # a broken rule is a finding, never a crash
+                errors.append((name, f"{type(exc).__name__}: {exc}"))
     names = list(hits)
     matrix = (np.column_stack([hits[n].to_numpy() for n in names]) if names
               else np.zeros((len(params), 0), dtype=bool))
