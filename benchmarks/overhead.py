@@ -24,6 +24,11 @@ Prints a table with each measured ratio beside its goal and writes everything to
      over a long run of a tiny model (benchmarks/whole_run_time.py).
   J. `diagkit.watch(engine)` on the GPT under a DeepSpeed ZeRO-3 engine (world 1 on gloo,
      DeepSpeed's CPU accelerator) against that engine's plain step (benchmarks/zero_time.py).
+  K. the live view in a real Jupyter kernel: watch with and without it (live_time.py).
+  L. the whole call: `diagnose(steps=10)` against 10 plain steps, fixed cost included, with an
+     A/A control, and the fixed cost per call (whole_call_time.py).
+  M. `diagkit.watch` under DDP and FSDP2 at world 2 (gloo, a process per rank) against the
+     same engine's plain step (group_time.py).
   E. with --device cuda: the ~350M-parameter GPT on the GPU (step ratio per delta mode, host
      syncs and device bytes allocated per observed step, peak device memory per mode).
 
@@ -80,7 +85,8 @@ SIZES = {
         "gpt": dict(layers=6, d=384, heads=6, vocab=8000, batch=8, ctx=64),
         "small": dict(blocks=250, width=64, batch=32),
         # More rounds steady a median on a noisy host: (a) ~9 s each, (b) ~1 s each.
-        "rounds": {"gpt": 11, "small": 15}, "steps_per_block": {"gpt": 3, "small": 8},
+        "rounds": {"gpt": 11, "small": 15, "group": 7},
+        "steps_per_block": {"gpt": 3, "small": 8},
         "mem_steps": 3,
         "report": dict(tensors=2000, steps=200),
         "stride": dict(tensors=2000, steps=1000, every=100, full_steps=20),
@@ -92,7 +98,7 @@ SIZES = {
     "quick": {
         "gpt": dict(layers=2, d=64, heads=4, vocab=500, batch=4, ctx=16),
         "small": dict(blocks=50, width=32, batch=8),
-        "rounds": {"gpt": 3, "small": 3}, "steps_per_block": {"gpt": 3, "small": 3},
+        "rounds": {"gpt": 3, "small": 3, "group": 2}, "steps_per_block": {"gpt": 3, "small": 3},
         "mem_steps": 2,
         "report": dict(tensors=200, steps=20),
         "stride": dict(tensors=200, steps=100, every=10, full_steps=5),
@@ -706,7 +712,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="out/bench.json", help="JSON output path")
     ap.add_argument("--skip", action="append", default=[],
                     choices=["time", "watch", "fsdp", "zero", "memory", "report", "stride", "import",
-                             "whole", "live", "call"])
+                             "whole", "live", "call", "group"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: the ~350M-parameter GPT variant on the GPU (time and memory)")
     ap.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
@@ -773,7 +779,16 @@ def main(argv=None) -> int:
         print("[fsdp] gpt ...", file=sys.stderr, flush=True)
         r = time_fsdp(build, "gpt", sz["gpt"], sz["rounds"]["gpt"], sz["steps_per_block"]["gpt"])
         result["fsdp_watch_time"] = {"gpt": r}
-        lines += fsdp_lines("gpt", r, GOALS["step_ratio_gpt"])
+        lines += fsdp_lines("gpt", r, GOALS["step_ratio_group"])
+    if "group" not in args.skip:
+        from group_time import ENGINES, group_lines, time_group
+        result["group_watch_time"] = {}
+        for engine in ENGINES:
+            print(f"[group] gpt under {engine}, world 2 ...", file=sys.stderr, flush=True)
+            r = time_group(engine, "gpt", sz["gpt"], sz["rounds"]["group"],
+                           sz["steps_per_block"]["gpt"])
+            result["group_watch_time"][engine] = r
+            lines += group_lines("gpt", r, GOALS["step_ratio_group"])
     if "zero" not in args.skip and importlib.util.find_spec("deepspeed") is None:
         lines.append(("DeepSpeed ZeRO-3 (J)", "skipped: deepspeed is not installed", "-", "-"))
     elif "zero" not in args.skip:

@@ -315,3 +315,33 @@ def test_strategies_agree():
         np.testing.assert_allclose(hooks[col], hookless[col], rtol=1e-6, err_msg=col)
     assert hooks["name"].tolist()[:3] == ["spare", "lin.weight", "lin.bias"]
     assert hooks["used"].tolist() == [False, True, False] * 3
+
+
+class WithLoose(nn.Module):
+    """`loose` reaches the loss but is no parameter: an unregistered tensor, found by the walk."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(3, 2)
+        self.loose = torch.ones(2, requires_grad=True)
+
+    def forward(self, x):
+        return ((self.lin(x) * self.loose) ** 2).sum()
+
+
+@pytest.mark.parametrize("checksums", [False, True])
+def test_step_table_holds_the_unregistered_rows_of_that_step(checksums):
+    """What a rank publishes per step (`step_columns`) is that step's rows of the whole table,
+    the unregistered tensor's included, with the same dtypes."""
+    model = WithLoose()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with observer(model, [opt], checksums=checksums) as obs:
+        for i in (0, 3):
+            step(obs, model, [opt], i)
+    table = obs.steps_table()
+    assert "loose" in set(table["name"])
+    for i in (0, 3):
+        pd.testing.assert_frame_equal(obs.step_table(i),
+                                      table[table.step == i].reset_index(drop=True))
+        assert obs.step_columns(i)["name"].tolist() == ["lin.weight", "lin.bias", "loose"]

@@ -304,7 +304,12 @@ class Observer:
         """Every recorded step, one row per (step, tensor)."""
         return with_unregistered(self.records.table(), self.unregistered.table())
 
+    def step_columns(self, step: int) -> dict:
+        """The columns of one recorded step, as arrays (what a rank publishes as it goes)."""
+        return self.unregistered.with_step(step, self.records.one(step))
+
     def step_table(self, step: int) -> pd.DataFrame:
         """The rows of one recorded step (what a watchdog writes out as the run goes)."""
-        return with_unregistered(self.records.one(step), self.unregistered.table(step))
+        columns = self.step_columns(step)
+        return pd.DataFrame(columns, columns=list(columns))
 

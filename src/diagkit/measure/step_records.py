@@ -64,9 +64,9 @@ class StepRecords:
                          else np.array([], dtype=bool if col in BOOL_STEP_COLUMNS else float))
         return pd.DataFrame(data, columns=columns)
 
-    def one(self, step: int) -> pd.DataFrame:
-        """The rows of one recorded step (the latest, if it was recorded twice)."""
+    def one(self, step: int) -> dict[str, np.ndarray]:
+        """The columns of one recorded step (the latest, if it was recorded twice): arrays, so
+        that a rank publishing every observed step builds no DataFrame for it."""
         i = len(self._step_ids) - 1 - self._step_ids[::-1].index(step)
         record, names = self._records[i], self._names_of(i)
-        data = {"step": np.full(len(names), step, dtype=np.int64), "name": names, **record}
-        return pd.DataFrame(data, columns=list(data))
+        return {"step": np.full(len(names), step, dtype=np.int64), "name": names, **record}

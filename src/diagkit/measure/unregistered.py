@@ -267,6 +267,19 @@ class Unregistered:
                   for s, names, rec in self.records if step is None or s == step]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
+    def with_step(self, step: int, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One step's columns (arrays) with the unregistered tensors' rows of that step after
+        them. No DataFrame: it is asked at every observed step a rank publishes, and nothing
+        found is the common case."""
+        for s, names, rec in self.records:
+            if s == step:
+                extra = {"step": np.full(len(names), s, dtype=np.int64),
+                         "name": np.array(names, dtype=object), **rec}
+                columns = {c: np.concatenate([a, np.asarray(
+                    extra.get(c, np.full(len(names), np.nan))).astype(a.dtype, copy=False)])
+                    for c, a in columns.items()}
+        return columns
+
 
 def with_unregistered(steps: pd.DataFrame, extra: pd.DataFrame) -> pd.DataFrame:
     """A steps table with the unregistered tensors' rows, step by step."""

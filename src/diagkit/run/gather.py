@@ -40,9 +40,13 @@ class RankChannel:
     def _key(self, rank: int, what: str) -> str:
         return f"{self.prefix}/r{rank}/{what}"
 
-    def publish_step(self, table: pd.DataFrame) -> None:
-        """One observed step of this rank (its rows with `rank` and `checksum`)."""
-        self.store.set(self._key(self.rank, f"step{self.published}"), pickle.dumps(table))
+    def publish_step(self, columns: dict, wiring: int | None = None) -> None:
+        """One observed step of this rank: its columns (arrays, with `rank` and `checksum`)
+        and, in a whole run, its wiring's digest. Arrays, not a DataFrame: a rank publishes at
+        every observed step, and building and pickling a frame there cost more than the step's
+        measuring on small models (benchmarks/README.md, section M)."""
+        self.store.set(self._key(self.rank, f"step{self.published}"),
+                       pickle.dumps((columns, wiring)))
         self.published += 1
         self.store.add(self._key(self.rank, "ready"), 1)  # counted only once the step is there
 
@@ -70,7 +74,7 @@ class RankChannel:
         tables = []
         for i in range(self.taken[rank], ready):
             key = self._key(rank, f"step{i}")
-            tables.append(pickle.loads(self.store.get(key)))
+            tables.append(_table(self.store.get(key)))
             try:
                 self.store.delete_key(key)
             except Exception:  # a store without delete: kept, as before
@@ -95,7 +99,7 @@ class RankChannel:
         tables, statuses = [], {}
         for r in range(self.world):
             ready = self.store.add(self._key(r, "ready"), 0)
-            tables += [pickle.loads(self.store.get(self._key(r, f"step{i}")))
+            tables += [_table(self.store.get(self._key(r, f"step{i}")))
                        for i in range(self.taken[r], ready)]
             statuses[r] = (pickle.loads(self.store.get(self._key(r, "status")))
                            if r not in pending else None)
@@ -111,6 +115,15 @@ class RankChannel:
                     self.store.delete_key(self._key(r, what))
                 except Exception:  # a store without delete (e.g. FileStore on some torch)
                     return
+
+
+def _table(blob: bytes) -> pd.DataFrame:
+    """A published step as the steps table's rows (`attrs["wiring"]`: its digest, if any)."""
+    columns, wiring = pickle.loads(blob)
+    table = pd.DataFrame(columns, columns=list(columns))
+    if wiring is not None:
+        table.attrs["wiring"] = wiring
+    return table
 
 
 def distributed() -> bool:

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..core.errors import DiagkitError
@@ -214,11 +215,11 @@ class Watch:
             self.live.recorded()
         if self.channel is not None:
             observer = self.observer if self.run is None else self.run.observer
-            table = observer.step_table(index)
-            table.insert(0, "rank", self.channel.rank)
-            if self.run is not None:  # compared across ranks by rank 0 (`whole_run.Ranks`)
-                table.attrs["wiring"] = self.run.wiring.digest()
-            self.channel.publish_step(table)
+            columns = observer.step_columns(index)
+            rank = np.full(len(columns["name"]), self.channel.rank, dtype=np.int64)
+            # The wiring is compared across ranks by rank 0 (`whole_run.Ranks`).
+            self.channel.publish_step({"rank": rank, **columns},
+                                      None if self.run is None else self.run.wiring.digest())
 
     def _finish(self, error: tuple[str, str] | None) -> None:
         """Detach everything, then (rank 0) gather, judge and save. Never raises into the
