@@ -84,7 +84,7 @@ MEASURED = textwrap.dedent('''
 
 def test_the_70b_llama_lora_dry_run(tmp_path):
     """70.6B parameters (263 GiB in float32) in well under a minute and under 1.5 GiB of peak
-    RSS (docs/meta.md records about 12 s and 459 MiB on this machine)."""
+    RSS (docs/meta.md records 5.7 s and 461 MiB on this machine)."""
     out = tmp_path / "run.json"
     started = time.perf_counter()
     run = subprocess.run([sys.executable, "-c", MEASURED, "check", TARGET, "--meta", "--json",

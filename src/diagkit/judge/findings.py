@@ -154,13 +154,15 @@ def subtrees(params: pd.DataFrame, flagged: np.ndarray) -> list[tuple[str, list[
                 total[anc] += 1
                 hit[anc] += int(is_hit)
     keys: dict[int, str] = {}
-    for i in np.flatnonzero(flagged):
-        row = params.iloc[i]
-        if not row["in_model"]:
-            keys[int(i)] = _outside_key(row)
+    # Columns read once, not a row Series per tensor: a 70B model flags a thousand tensors.
+    # memberships only for a tensor outside the model (a comparison's tables have none).
+    modules, names, in_model = (params[c].tolist() for c in ("module", "name", "in_model"))
+    for i in np.flatnonzero(flagged).tolist():
+        if not in_model[i]:
+            keys[i] = _outside_key(names[i], params["memberships"].iat[i])
             continue
-        whole = next((a for a in _ancestors(row["module"]) if hit[a] == total[a]), None)
-        keys[int(i)] = whole if whole is not None else row["name"]
+        whole = next((a for a in _ancestors(modules[i]) if hit[a] == total[a]), None)
+        keys[i] = whole if whole is not None else names[i]
     if len(set(keys.values())) > MAX_GROUPS:
         keys = _coarsen(keys, params)
     groups: dict[str, list[int]] = {}
@@ -170,15 +172,14 @@ def subtrees(params: pd.DataFrame, flagged: np.ndarray) -> list[tuple[str, list[
             for key, rows in groups.items()]
 
 
-def _outside_key(row) -> str:
+def _outside_key(name: str, pairs) -> str:
     """A tensor outside the model is reported with the others of its optimizer group (an
     optimizer built before `fully_shard` or a wrapper replaced the model's tensors holds all
     of the old ones: one finding, not one per tensor). An unregistered tensor goes with the
     others of its plain attribute (`cells[0].weight` and `cells[1].bias` under `cells`)."""
-    pairs = row["memberships"]
     if pairs:
         return f"<optimizer {pairs[0][0]} group {pairs[0][1]}>"
-    return row["name"] if row["name"].startswith("<") else row["name"].partition("[")[0]
+    return name if name.startswith("<") else name.partition("[")[0]
 
 
 def _coarsen(keys: dict[int, str], params: pd.DataFrame) -> dict[int, str]:

@@ -53,15 +53,31 @@ def _pairs(memberships) -> set[tuple[int, int]]:
 
 def _neighbour_pairs(group: pd.DataFrame, params: pd.DataFrame) -> set[tuple[int, int]]:
     """The groups holding the tensors nearest the orphans: under their deepest module that
-    has any tensor in an optimizer (the root holds every group)."""
-    held = params[params["memberships"].map(lambda p: p is not None and len(p) > 0)]
+    has any tensor in an optimizer (the root holds every group). The held pairs are indexed
+    once by every module above them, so each orphan's module is a few dict lookups: a 70B
+    LoRA model has hundreds of orphan modules, and a frame filter per module and depth took
+    most of its judging (issue 25)."""
+    under = _held_under(params)
     found: set[tuple[int, int]] = set()
     for module in set(group["module"]):
         parts = module.split(".") if module else []
         for depth in range(len(parts), 0, -1):
-            prefix = ".".join(parts[:depth])
-            near = held[held["module"].map(lambda m, p=prefix: m == p or m.startswith(p + "."))]
-            if len(near):
-                found |= _pairs(near["memberships"])
+            near = under.get(".".join(parts[:depth]))
+            if near:
+                found |= near
                 break
     return found
+
+
+def _held_under(params: pd.DataFrame) -> dict[str, set[tuple[int, int]]]:
+    """module -> the (optimizer, group) pairs holding a tensor in it or below it (the root,
+    "", left out: it is no neighbour)."""
+    under: dict[str, set[tuple[int, int]]] = {}
+    for module, pairs in zip(params["module"], params["memberships"]):
+        if pairs is None or not len(pairs):
+            continue
+        held = _pairs([pairs])
+        parts = module.split(".") if module else []
+        for depth in range(1, len(parts) + 1):
+            under.setdefault(".".join(parts[:depth]), set()).update(held)
+    return under
