@@ -6,18 +6,32 @@ grad, which tensors each optimizer group holds (by identity), the model's parame
 whether a group's learning rate is 0. `Wiring.changes()` compares them with the last time it
 was asked and says what changed, as events (`{"step", "kind", "what"}`).
 
-Why it is cheap: the requires_grad flags and the groups' member ids are read with C-level
-`map`s over cached lists and compared as tuples. The model's parameters are not walked at
-every step: torch's global module hooks (`register_module_parameter_registration_hook`,
-`..._module_registration_hook`) tell when any module registers a parameter or a submodule
-(a head replaced, a LoRA adapter added), and only then is the model walked again. A parameter
-removed with `del` sends no hook: it is seen at the next walk, when anything else changes.
+Why it is cheap (issue 25; benchmarks/README.md, section I): every step asks only "is anything
+different?", in C-level passes, and the events are worked out only when the answer is yes.
+
+- The requires_grad flags: no hook says when one flips, so they are read at every step. The
+  frozen tensors of plain type (`Tensor`, `Parameter`) are asked in one C call
+  (`torch._C._any_requires_grad`: did any become trainable?); the others are read with one
+  C-level `map` and compared as a tuple. This read, ~40-60 ns a tensor, is what the check costs.
+- A group's members: compared by identity with the objects it held, which the check keeps (so
+  no id can be reused by a new tensor). On CPython a list's item pointers are compared as
+  bytes in one go per group (`_items`); elsewhere with `map(operator.is_, ...)`. Never with
+  `==`: a tensor's `==` is elementwise, and a new 1-element tensor of the same value would pass.
+- The model's parameters are not walked at every step: torch's global module hooks
+  (`register_module_parameter_registration_hook`, `..._module_registration_hook`) tell when
+  any module registers a parameter or a submodule (a head replaced, a LoRA adapter added), and
+  only then is the model walked again. A parameter removed with `del` sends no hook: it is
+  seen at the next walk, when anything else changes.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import operator
+import struct
+import sys
 
 import torch
 from torch.nn.modules import module as _module
@@ -25,6 +39,56 @@ from torch.nn.modules import module as _module
 from .inventory import group_lr
 
 _requires_grad = operator.attrgetter("requires_grad")
+_PTR = struct.calcsize("P")
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # their requires_grad is the C getter's, no override
+
+
+@functools.cache
+def _any_requires_grad():
+    """torch's C `any(t.requires_grad for t in args)`, or None where this torch lacks it or it
+    answers otherwise than the attribute (checked once, on two tensors of our own)."""
+    found = getattr(torch._C, "_any_requires_grad", None)
+    try:
+        yes, no = torch.zeros(1, requires_grad=True), torch.zeros(1)
+        works = found is not None and found(no, no) is False and found(no, yes) is True
+    except Exception:
+        works = False
+    return found if works else None
+
+
+def _items(lst: list) -> bytes:
+    """A list's item pointers (its members' ids), read in place from CPython's `PyListObject`
+    (`ob_item` is the field after the variable-size header): one copy, no call per item. Only
+    another thread mutating the list between the two reads could make them disagree, and
+    torch's own step iterates the same list unguarded."""
+    address = ctypes.c_void_p.from_address(id(lst) + 3 * _PTR).value
+    return ctypes.string_at(address, len(lst) * _PTR) if lst else b""
+
+
+def _packed(members: tuple) -> bytes:
+    return struct.pack(f"{len(members)}P", *map(id, members))
+
+
+@functools.cache
+def _raw_lists() -> bool:
+    """Whether `_items` may read lists here: CPython with the standard layout (refcount, type,
+    size, items, allocated; not a free-threaded or trace-refs build), checked on a probe list."""
+    if sys.implementation.name != "cpython" or list.__basicsize__ != 5 * _PTR:
+        return False
+    probe = [object(), object(), object()]
+    return _items(probe) == _packed(tuple(probe))
+
+
+def _same_members(params, members: tuple, packed: bytes | None) -> bool:
+    """Whether a group's `params` hold `members`, the same objects in the same order: a member
+    replaced, added, removed or moved in place (the list the same object) is a difference."""
+    if type(params) is not list and type(params) is not tuple:
+        params = tuple(params)
+    if len(params) != len(members):
+        return False
+    if packed is not None and type(params) is list:
+        return _items(params) == packed
+    return all(map(operator.is_, params, members))
 
 
 class Wiring:
@@ -37,8 +101,8 @@ class Wiring:
         self._handles = [_module.register_module_parameter_registration_hook(self._registered),
                          _module.register_module_module_registration_hook(self._registered)]
         self._walk()
-        self._groups = self._group_facts()
-        self._flags = tuple(map(_requires_grad, self._tensors))
+        self._hold_flags(tuple(map(_requires_grad, self._tensors)))
+        self._hold_groups()
         self._digest: int | None = None
 
     def _registered(self, *_args):
@@ -61,10 +125,52 @@ class Wiring:
         self._names, self._tensors = names, tensors  # held: their ids stay theirs
         self._ids = tuple(map(id, tensors))
 
-    def _group_facts(self) -> tuple:
-        """Per optimizer, per group: the member ids in order, and whether its lr is 0."""
-        return tuple(tuple((tuple(map(id, g["params"])), _lr_is_zero(g)) for g in o.param_groups)
-                     for o in self.optimizers)
+    def _hold_flags(self, flags: tuple) -> None:
+        """Keep `flags` (one per tensor) and split the tensors for `_flags_same`: the frozen
+        ones of plain type go to the one C call, the others to the compared tuple."""
+        self._flags = flags
+        asked = _any_requires_grad() is not None
+        frozen, polled, polled_flags = [], [], []
+        for tensor, flag in zip(self._tensors, flags):
+            if asked and flag is False and type(tensor) in _PLAIN:
+                frozen.append(tensor)
+            else:
+                polled.append(tensor)
+                polled_flags.append(flag)
+        self._frozen, self._polled, self._polled_flags = tuple(frozen), polled, tuple(polled_flags)
+
+    def _flags_same(self) -> bool:
+        """No tensor's requires_grad flipped: no frozen one became trainable, and the others
+        read as they were. Exact: every tensor is in one of the two, read at every ask."""
+        if self._frozen and _any_requires_grad()(*self._frozen):
+            return False
+        return tuple(map(_requires_grad, self._polled)) == self._polled_flags
+
+    def _hold_groups(self) -> None:
+        """Keep, per optimizer and group, the members (the objects: an id stays theirs), their
+        ids packed for `_same_members`, and whether the lr is 0; `_groups` says the same in ids
+        (the events and the digest)."""
+        raw = _raw_lists()
+        self._held = [[(members, _packed(members) if raw else None, _lr_is_zero(g))
+                       for g in opt.param_groups for members in (tuple(g["params"]),)]
+                      for opt in self.optimizers]
+        self._groups = tuple(tuple((tuple(map(id, members)), zero) for members, _, zero in held)
+                             for held in self._held)
+
+    def _groups_same(self) -> bool:
+        """Every optimizer's groups hold what they held, by identity and in order, with the
+        same lr-is-0: a few C-level compares per group, none per member in Python."""
+        if len(self.optimizers) != len(self._held):
+            return False
+        for opt, held in zip(self.optimizers, self._held):
+            groups = opt.param_groups
+            if len(groups) != len(held):
+                return False
+            for group, (members, packed, zero) in zip(groups, held):
+                if (_lr_is_zero(group) is not zero
+                        or not _same_members(group["params"], members, packed)):
+                    return False
+        return True
 
     def digest(self) -> int:
         """The wiring as a number equal on two processes wired alike: names, flags, and group
@@ -78,23 +184,25 @@ class Wiring:
         return self._digest
 
     def changes(self, step: int) -> list[dict]:
-        """What changed since the last call, as events at `step` (empty: nothing)."""
-        events = []
+        """What changed since the last call, as events at `step` (empty: nothing). Each part
+        is first asked whether it changed at all; only a yes works out what."""
+        events, renamed = [], False
         if self._dirty:
             self._dirty = False
             old_names, old_ids = self._names, self._ids
             self._walk()
             if self._ids != old_ids:
                 events.append(_parameters_event(step, old_names, old_ids, self._names, self._ids))
-                self._flags = ()  # compared afresh below against the new tensors
-        flags = tuple(map(_requires_grad, self._tensors))
-        if flags != self._flags and len(flags) == len(self._flags):
-            events += _flag_events(step, self._names, self._flags, flags)
-        self._flags = flags
-        groups = self._group_facts()
-        if groups != self._groups:
-            events += _group_events(step, self._groups, groups)
-            self._groups = groups
+                renamed = True  # the flags are taken afresh: other tensors, no flips to say
+        if renamed or not self._flags_same():
+            flags = tuple(map(_requires_grad, self._tensors))
+            if not renamed:
+                events += _flag_events(step, self._names, self._flags, flags)
+            self._hold_flags(flags)
+        if not self._groups_same():
+            old = self._groups
+            self._hold_groups()
+            events += _group_events(step, old, self._groups) if self._groups != old else []
         if events:
             self._digest = None
         return events
