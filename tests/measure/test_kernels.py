@@ -102,6 +102,33 @@ def test_checksum_equal_values_equal_and_one_element_change_differs():
         assert float(kernels.checksum(b)) != float(kernels.checksum(a))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int32,
+                                   torch.complex64])
+def test_checksum_of_a_large_tensor_goes_by_chunks_and_keeps_its_meaning(dtype):
+    """Past one chunk, the CPU checksum is the sum plus sqrt(2) x the sum of squares of the
+    float64 values (as brute force computes it, to rounding), equal for equal values whatever
+    the tensor's layout, and a one-ulp change anywhere (first chunk, a chunk boundary, the
+    tail) changes it."""
+    n = 3 * kernels.CHECKSUM_CHUNK + 15
+    torch.manual_seed(0)
+    a = (torch.randn(n, dtype=torch.float64) * 100).to(dtype) if not dtype.is_complex \
+        else torch.randn(n, dtype=dtype)
+    x = torch.view_as_real(a).double() if dtype.is_complex else a.double()
+    brute = float(x.sum()) + float((x * x).sum()) * math.sqrt(2.0)
+    got = float(kernels.checksum(a))
+    assert got == pytest.approx(brute, rel=1e-12)
+    assert float(kernels.checksum(a.clone().reshape(3, -1))) == got
+    assert float(kernels.checksum(torch.cat([a, a])[n:])) == got  # an offset view
+    if dtype not in (torch.float32, torch.bfloat16):  # float64: a 1-ulp change is below
+        return                                         # a float64 total's own rounding
+    for i in (0, kernels.CHECKSUM_CHUNK - 1, kernels.CHECKSUM_CHUNK, n - 1):
+        b = a.clone()
+        b[i] = torch.nextafter(b[i:i + 1].float(), torch.tensor([math.inf])).to(dtype) \
+            if dtype == torch.float32 else b[i] * (1 + 2**-7)
+        assert not torch.equal(a, b)
+        assert float(kernels.checksum(b)) != got, i
+
+
 def test_row_norms():
     m = torch.tensor([[[3.0, 4.0]], [[0.0, 0.0]], [[1.0, 1.0]]])
     got = kernels.row_norms(m)
