@@ -29,6 +29,8 @@ Prints a table with each measured ratio beside its goal and writes everything to
      A/A control, and the fixed cost per call (whole_call_time.py).
   M. `diagkit.watch` under DDP and FSDP2 at world 2 (gloo, a process per rank) against the
      same engine's plain step (group_time.py).
+  N. `diagkit check` of the 70B LLaMA + LoRA demo with `--meta`: wall time and peak RSS of a
+     fresh process (meta_time.py).
   E. with --device cuda: the ~350M-parameter GPT on the GPU (step ratio per delta mode, host
      syncs and device bytes allocated per observed step, peak device memory per mode).
 
@@ -712,7 +714,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="out/bench.json", help="JSON output path")
     ap.add_argument("--skip", action="append", default=[],
                     choices=["time", "watch", "fsdp", "zero", "memory", "report", "stride", "import",
-                             "whole", "live", "call", "group"])
+                             "whole", "live", "call", "group", "meta"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: the ~350M-parameter GPT variant on the GPU (time and memory)")
     ap.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
@@ -853,6 +855,14 @@ def main(argv=None) -> int:
         lines += _import_lines(sz, result)
     if "whole" not in args.skip:
         lines += _whole_run_lines(sz, result)
+    if "meta" not in args.skip and importlib.util.find_spec("transformers") is None:
+        lines.append(("the 70B meta check (N)", "skipped: transformers is not installed",
+                      "-", "-"))
+    elif "meta" not in args.skip:
+        from meta_time import meta_lines, time_meta
+        print("[meta] the 70B LLaMA + LoRA demo, --meta ...", file=sys.stderr, flush=True)
+        result["meta"] = time_meta(runs=1 if args.quick else 3)
+        lines += meta_lines(result["meta"])
     if "live" not in args.skip:
         from live_time import live_lines, time_live
         print("[live] gpt, small in a kernel ...", file=sys.stderr, flush=True)
