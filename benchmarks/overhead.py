@@ -94,7 +94,7 @@ SIZES = {
         "stride": dict(tensors=2000, steps=1000, every=100, full_steps=20),
         "import_runs": 5,
         "whole": {"gpt": (3, 100), "small": (3, 400), "every": 100, "check": (500, 5000),
-                  "long_steps": 1_000_000},
+                  "long_steps": 200_000},
         "call": {"gpt": (5, 10), "small": (15, 10)},
     },
     "quick": {
