@@ -50,11 +50,17 @@ class Browser:
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> "Browser":
-        try:
-            self._start()
-        except BaseException:
-            self.close()
-            raise
+        for attempt in (1, 2):
+            try:
+                self._start()
+                return self
+            except _Exited:
+                self.close()  # a Chromium that died at start-up (seen under a loaded suite):
+                if attempt == 2:  # one fresh launch, then the failure stands
+                    raise
+            except BaseException:
+                self.close()
+                raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -70,8 +76,8 @@ class Browser:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env=chromium_env(self._profile))
         port_file = Path(self._profile) / "DevToolsActivePort"
-        _poll(lambda: port_file.exists() and port_file.read_text().strip(), 60,
-              "Chromium did not open its debugging port")
+        _poll(lambda: self._alive() and port_file.exists() and port_file.read_text().strip(),
+              60, "Chromium did not open its debugging port")
         port = int(port_file.read_text().split()[0])
         pages = _poll(lambda: [t for t in _json(f"http://127.0.0.1:{port}/json/list")
                                if t.get("type") == "page"], 30, "Chromium shows no page")
@@ -81,6 +87,14 @@ class Browser:
             self.send(f"{domain}.enable")
         self.send("Emulation.setDeviceMetricsOverride", width=w, height=h,
                   deviceScaleFactor=1, mobile=False)
+
+    def _alive(self) -> bool:
+        """True while the browser runs; raises `_Exited` (never retried by `_poll`) once it
+        has ended by itself."""
+        code = self._proc.poll()
+        if code is not None:
+            raise _Exited(f"Chromium exited with code {code} before opening its debugging port")
+        return True
 
     def close(self) -> None:
         """Close the socket, end the browser (kill if it lingers), remove the profile."""
@@ -217,6 +231,10 @@ class Browser:
 def _json(url: str):
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.loads(response.read())
+
+
+class _Exited(RuntimeError):
+    """The browser process ended by itself while it was being waited for."""
 
 
 def _poll(probe, timeout: float, message: str, interval: float = 0.2):
