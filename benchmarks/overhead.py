@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import contextlib
 import cProfile
 import datetime
 import io
@@ -56,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -589,7 +591,8 @@ def synthetic_tables(n_tensors: int, n_steps: int, seed: int = 0):
             "name": f"{module}.{kind}", "aliases": (), "module": module,
             "module_type": mtype,
             "shape": shape, "numel": numel, "bytes": numel * 4, "dtype": "torch.float32",
-            "device": "cpu", "in_model": True, "requires_grad": True,
+            "device": "cpu", "placement": "", "stage": "", "in_model": True,
+            "requires_grad": True,
             "memberships": membership, "n_optimizers": len({i for i, _ in membership}),
             "optimizer": membership[0][0] if membership else None,
             "group": membership[0][1] if membership else None,
@@ -743,134 +746,165 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     lines = []
     if "time" not in args.skip:
-        result["step_time"] = {}
-        for kind in ("gpt", "small"):
-            print(f"[time] {kind} ...", file=sys.stderr, flush=True)
-            r = time_steps(kind, sz[kind], sz["rounds"][kind], sz["steps_per_block"][kind],
-                           args.profile)
-            result["step_time"][kind] = r
-            lines += _step_lines(kind, r, GOALS[f"step_ratio_{kind}"])
-            fc = r["fixed_costs_s"]
-            lines.append((f"  fixed costs per diagnosis, {kind} (not in the ratio)",
-                          ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in fc.items()), "-", "-"))
-            gw = r["graph_walk"]
-            lines.append((f"  graph walk for unregistered tensors, {kind} (in the first step)",
-                          f"{1e3 * gw['seconds_per_walk']:.2f} ms per walk (median), {gw['walks']} walks "
-                          f"in {gw['observed_steps']} observed steps = "
-                          f"{1e3 * gw['seconds_per_observed_step']:.3f} ms per observed step "
-                          f"vs plain step {1e3 * r['plain_step_s']['median']:.1f} ms", "-", "-"))
+        with _guarded(lines, "time", result, out_path):
+            result["step_time"] = {}
+            for kind in ("gpt", "small"):
+                print(f"[time] {kind} ...", file=sys.stderr, flush=True)
+                r = time_steps(kind, sz[kind], sz["rounds"][kind], sz["steps_per_block"][kind],
+                               args.profile)
+                result["step_time"][kind] = r
+                lines += _step_lines(kind, r, GOALS[f"step_ratio_{kind}"])
+                fc = r["fixed_costs_s"]
+                lines.append((f"  fixed costs per diagnosis, {kind} (not in the ratio)",
+                              ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in fc.items()), "-", "-"))
+                gw = r["graph_walk"]
+                lines.append((f"  graph walk for unregistered tensors, {kind} (in the first step)",
+                              f"{1e3 * gw['seconds_per_walk']:.2f} ms per walk (median), {gw['walks']} walks "
+                              f"in {gw['observed_steps']} observed steps = "
+                              f"{1e3 * gw['seconds_per_observed_step']:.3f} ms per observed step "
+                              f"vs plain step {1e3 * r['plain_step_s']['median']:.1f} ms", "-", "-"))
     if "call" not in args.skip:
-        from whole_call_time import time_whole_call, whole_call_lines
-        result["whole_call"] = {}
-        for kind in ("gpt", "small"):
-            print(f"[call] {kind} ...", file=sys.stderr, flush=True)
-            rounds, n = sz["call"][kind]
-            r = result["whole_call"][kind] = time_whole_call(build, kind, sz[kind], rounds, n)
-            lines += whole_call_lines(kind, r, GOALS["whole_call_ratio"])
+        with _guarded(lines, "call", result, out_path):
+            from whole_call_time import time_whole_call, whole_call_lines
+            result["whole_call"] = {}
+            for kind in ("gpt", "small"):
+                print(f"[call] {kind} ...", file=sys.stderr, flush=True)
+                rounds, n = sz["call"][kind]
+                r = result["whole_call"][kind] = time_whole_call(build, kind, sz[kind], rounds, n)
+                lines += whole_call_lines(kind, r, GOALS["whole_call_ratio"])
     if "watch" not in args.skip:
-        from watch_time import time_watch, watch_lines
-        result["watch_time"] = {}
-        for kind in ("gpt", "small"):
-            print(f"[watch] {kind} ...", file=sys.stderr, flush=True)
-            r = time_watch(build, kind, sz[kind], sz["rounds"][kind],
-                           sz["steps_per_block"][kind])
-            result["watch_time"][kind] = r
-            lines += watch_lines(kind, r, GOALS[f"step_ratio_{kind}"])
+        with _guarded(lines, "watch", result, out_path):
+            from watch_time import time_watch, watch_lines
+            result["watch_time"] = {}
+            for kind in ("gpt", "small"):
+                print(f"[watch] {kind} ...", file=sys.stderr, flush=True)
+                r = time_watch(build, kind, sz[kind], sz["rounds"][kind],
+                               sz["steps_per_block"][kind])
+                result["watch_time"][kind] = r
+                lines += watch_lines(kind, r, GOALS[f"step_ratio_{kind}"])
     if "fsdp" not in args.skip:
-        from fsdp_time import fsdp_lines, time_fsdp
-        print("[fsdp] gpt ...", file=sys.stderr, flush=True)
-        r = time_fsdp(build, "gpt", sz["gpt"], sz["rounds"]["gpt"], sz["steps_per_block"]["gpt"])
-        result["fsdp_watch_time"] = {"gpt": r}
-        lines += fsdp_lines("gpt", r, GOALS["step_ratio_group"])
+        with _guarded(lines, "fsdp", result, out_path):
+            from fsdp_time import fsdp_lines, time_fsdp
+            print("[fsdp] gpt ...", file=sys.stderr, flush=True)
+            r = time_fsdp(build, "gpt", sz["gpt"], sz["rounds"]["gpt"], sz["steps_per_block"]["gpt"])
+            result["fsdp_watch_time"] = {"gpt": r}
+            lines += fsdp_lines("gpt", r, GOALS["step_ratio_group"])
     if "group" not in args.skip:
-        from group_time import ENGINES, group_lines, time_group
-        result["group_watch_time"] = {}
-        for engine in ENGINES:
-            print(f"[group] gpt under {engine}, world 2 ...", file=sys.stderr, flush=True)
-            r = time_group(engine, "gpt", sz["gpt"], sz["rounds"]["group"],
-                           sz["steps_per_block"]["gpt"])
-            result["group_watch_time"][engine] = r
-            lines += group_lines("gpt", r, GOALS["step_ratio_group"])
+        with _guarded(lines, "group", result, out_path):
+            from group_time import ENGINES, group_lines, time_group
+            result["group_watch_time"] = {}
+            for engine in ENGINES:
+                print(f"[group] gpt under {engine}, world 2 ...", file=sys.stderr, flush=True)
+                r = time_group(engine, "gpt", sz["gpt"], sz["rounds"]["group"],
+                               sz["steps_per_block"]["gpt"])
+                result["group_watch_time"][engine] = r
+                lines += group_lines("gpt", r, GOALS["step_ratio_group"])
     if "zero" not in args.skip and importlib.util.find_spec("deepspeed") is None:
         lines.append(("DeepSpeed ZeRO-3 (J)", "skipped: deepspeed is not installed", "-", "-"))
     elif "zero" not in args.skip:
-        from zero_time import time_zero, zero_lines
-        print("[zero] gpt ...", file=sys.stderr, flush=True)
-        r = time_zero(build, "gpt", sz["gpt"], sz["rounds"]["gpt"], sz["steps_per_block"]["gpt"])
-        result["zero_watch_time"] = {"gpt": r}
-        lines += zero_lines("gpt", r, GOALS["step_ratio_zero"])
+        with _guarded(lines, "zero", result, out_path):
+            from zero_time import time_zero, zero_lines
+            print("[zero] gpt ...", file=sys.stderr, flush=True)
+            r = time_zero(build, "gpt", sz["gpt"], sz["rounds"]["gpt"], sz["steps_per_block"]["gpt"])
+            result["zero_watch_time"] = {"gpt": r}
+            lines += zero_lines("gpt", r, GOALS["step_ratio_zero"])
     if "memory" not in args.skip:
-        result["memory"] = {}
-        for kind in ("gpt", "small"):
-            print(f"[memory] {kind} ...", file=sys.stderr, flush=True)
-            m = measure_memory(kind, sz[kind], sz["mem_steps"], repeats=1 if args.quick else 3)
-            result["memory"][kind] = m
-            pb = m["plain"]["param_bytes"]
-            const = GOALS["memory_constant_mb"] * 2**20
-            labels = {"observe": "exact (restore=False)", "sampled": "sampled (restore=False)",
-                      "off": "off (restore=False)",
-                      "diagnose": "diagnose, exact + restore=True (host copies, by design)"}
-            for variant, label in labels.items():
-                extra = m[variant]["extra_bytes"]
-                goal_bytes = GOALS["extra_memory_per_param_byte"] * pb + const
-                if variant == "diagnose":
-                    goal_text, status = "- (restore copies values, grads, optimizer state)", "-"
-                else:
-                    goal_text = f"<= 1.0x params + {GOALS['memory_constant_mb']:.0f} MiB"
-                    status = _mark(extra, goal_bytes)
-                lines.append((f"extra peak RSS, {kind}, {label}",
-                              f"{extra / 2**20:.1f} MiB = {m[variant]['extra_per_param_byte']:.2f}"
-                              f"x params ({pb / 2**20:.1f} MiB; plain peak "
-                              f"{m['plain']['peak_kib'] / 1024:.0f} MiB, VmHWM, lowest of "
-                              f"{len(m['plain']['peak_kib_all'])} runs)",
-                              goal_text, status))
+        with _guarded(lines, "memory", result, out_path):
+            result["memory"] = {}
+            for kind in ("gpt", "small"):
+                print(f"[memory] {kind} ...", file=sys.stderr, flush=True)
+                m = measure_memory(kind, sz[kind], sz["mem_steps"], repeats=1 if args.quick else 3)
+                result["memory"][kind] = m
+                pb = m["plain"]["param_bytes"]
+                const = GOALS["memory_constant_mb"] * 2**20
+                labels = {"observe": "exact (restore=False)", "sampled": "sampled (restore=False)",
+                          "off": "off (restore=False)",
+                          "diagnose": "diagnose, exact + restore=True (host copies, by design)"}
+                for variant, label in labels.items():
+                    extra = m[variant]["extra_bytes"]
+                    goal_bytes = GOALS["extra_memory_per_param_byte"] * pb + const
+                    if variant == "diagnose":
+                        goal_text, status = "- (restore copies values, grads, optimizer state)", "-"
+                    else:
+                        goal_text = f"<= 1.0x params + {GOALS['memory_constant_mb']:.0f} MiB"
+                        status = _mark(extra, goal_bytes)
+                    lines.append((f"extra peak RSS, {kind}, {label}",
+                                  f"{extra / 2**20:.1f} MiB = {m[variant]['extra_per_param_byte']:.2f}"
+                                  f"x params ({pb / 2**20:.1f} MiB; plain peak "
+                                  f"{m['plain']['peak_kib'] / 1024:.0f} MiB, VmHWM, lowest of "
+                                  f"{len(m['plain']['peak_kib_all'])} runs)",
+                                  goal_text, status))
     if "report" not in args.skip:
-        print("[report] ...", file=sys.stderr, flush=True)
-        rep = time_report(sz["report"]["tensors"], sz["report"]["steps"],
-                          out_path.parent / "bench_figures")
-        result["report"] = rep
-        lines.append((f"report build, {rep['tensors']} tensors x {rep['steps']} steps",
-                      f"{rep['total_s']:.2f} s ({rep['findings']} findings)",
-                      f"< {GOALS['report_seconds']:.0f} s",
-                      "met" if rep["total_s"] < GOALS["report_seconds"] else "NOT met"))
-        for label, v in rep["seconds"].items():
-            lines.append((f"  {label}", f"{v:.3f} s", "-", "-"))
+        with _guarded(lines, "report", result, out_path):
+            print("[report] ...", file=sys.stderr, flush=True)
+            rep = time_report(sz["report"]["tensors"], sz["report"]["steps"],
+                              out_path.parent / "bench_figures")
+            result["report"] = rep
+            lines.append((f"report build, {rep['tensors']} tensors x {rep['steps']} steps",
+                          f"{rep['total_s']:.2f} s ({rep['findings']} findings)",
+                          f"< {GOALS['report_seconds']:.0f} s",
+                          "met" if rep["total_s"] < GOALS["report_seconds"] else "NOT met"))
+            for label, v in rep["seconds"].items():
+                lines.append((f"  {label}", f"{v:.3f} s", "-", "-"))
     if "stride" not in args.skip:
-        print("[stride] ...", file=sys.stderr, flush=True)
-        cfg = sz["stride"]
-        st = stride_tables(cfg["tensors"], cfg["steps"], cfg["every"], cfg["full_steps"],
-                           out_path.parent)
-        result["stride"] = st
-        for label, run in st["projected"].items():
-            real = st[label]
-            lines.append((f"steps table, {st['tensors']} tensors x {PROJECTED_STEPS:,} steps, "
-                          f"{label.replace('_', '=')}",
-                          f"{run['rows']:,} rows, {run['memory_bytes'] / 2**20:.1f} MiB in memory, "
-                          f"{run['disk_bytes'] / 2**20:.1f} MiB parquet (bytes/row from a real "
-                          f"{real['steps']}-step run: {real['rows']:,} rows, {real['seconds']:.0f} s)",
-                          "small with every=k" if label != "every_1" else "-",
-                          "met" if label != "every_1" and run["memory_bytes"] < 64 * 2**20
-                          else "-"))
+        with _guarded(lines, "stride", result, out_path):
+            print("[stride] ...", file=sys.stderr, flush=True)
+            cfg = sz["stride"]
+            st = stride_tables(cfg["tensors"], cfg["steps"], cfg["every"], cfg["full_steps"],
+                               out_path.parent)
+            result["stride"] = st
+            for label, run in st["projected"].items():
+                real = st[label]
+                lines.append((f"steps table, {st['tensors']} tensors x {PROJECTED_STEPS:,} steps, "
+                              f"{label.replace('_', '=')}",
+                              f"{run['rows']:,} rows, {run['memory_bytes'] / 2**20:.1f} MiB in memory, "
+                              f"{run['disk_bytes'] / 2**20:.1f} MiB parquet (bytes/row from a real "
+                              f"{real['steps']}-step run: {real['rows']:,} rows, {real['seconds']:.0f} s)",
+                              "small with every=k" if label != "every_1" else "-",
+                              "met" if label != "every_1" and run["memory_bytes"] < 64 * 2**20
+                              else "-"))
     if "import" not in args.skip:
-        lines += _import_lines(sz, result)
+        with _guarded(lines, "import", result, out_path):
+            lines += _import_lines(sz, result)
     if "whole" not in args.skip:
-        lines += _whole_run_lines(sz, result)
+        with _guarded(lines, "whole", result, out_path):
+            lines += _whole_run_lines(sz, result)
     if "meta" not in args.skip and importlib.util.find_spec("transformers") is None:
         lines.append(("the 70B meta check (N)", "skipped: transformers is not installed",
                       "-", "-"))
     elif "meta" not in args.skip:
-        from meta_time import meta_lines, time_meta
-        print("[meta] the 70B LLaMA + LoRA demo, --meta ...", file=sys.stderr, flush=True)
-        result["meta"] = time_meta(runs=1 if args.quick else 3)
-        lines += meta_lines(result["meta"])
+        with _guarded(lines, "meta", result, out_path):
+            from meta_time import meta_lines, time_meta
+            print("[meta] the 70B LLaMA + LoRA demo, --meta ...", file=sys.stderr, flush=True)
+            result["meta"] = time_meta(runs=1 if args.quick else 3)
+            lines += meta_lines(result["meta"])
     if "live" not in args.skip:
-        from live_time import live_lines, time_live
-        print("[live] gpt, small in a kernel ...", file=sys.stderr, flush=True)
-        result["live_view"] = time_live(sz, mode)
-        lines += live_lines(result["live_view"])
+        with _guarded(lines, "live", result, out_path):
+            from live_time import live_lines, time_live
+            print("[live] gpt, small in a kernel ...", file=sys.stderr, flush=True)
+            result["live_view"] = time_live(sz, mode)
+            lines += live_lines(result["live_view"])
     result["wall_s"] = time.perf_counter() - started
     _print_and_save(result, lines, out_path, args.profile)
     return 0
+
+
+@contextlib.contextmanager
+def _guarded(lines: list, section: str, result: dict, out_path: Path):
+    """One section of the bench: if it fails, its failure is a row of the table (and its
+    traceback is on stderr), and the other sections still run; what was measured so far is
+    written to `out_path` after every section, so a late failure loses nothing."""
+    try:
+        yield
+    except Exception as exc:
+        traceback.print_exc()
+        lines.append((f"section {section!r} FAILED", f"{type(exc).__name__}: {exc}"[:300],
+                      "-", "NOT met"))
+        result.setdefault("failed_sections", []).append(section)
+    finally:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.with_suffix(out_path.suffix + ".partial").write_text(
+            json.dumps({**result, "lines": lines}, indent=1, default=str))
 
 
 def _import_lines(sz: dict, result: dict) -> list[tuple]:
