@@ -67,14 +67,13 @@ def test_static_graph_as_brute_force(t, rank_keys):
     n_steps = int(s["step"].nunique())
     if n_steps == 0:
         return
-    rg = s[s["requires_grad"].astype(bool)]
-    static, _ = _static_graph(rg, s, n_steps)
+    static, _ = _static_graph(s, n_steps)
     assert static == _brute_static(s)
 
 
 def test_a_step_without_gradients_breaks_the_static_graph():
     s = pd.DataFrame({"step": [0, 0, 1, 1], "name": ["a", "b", "a", "b"],
                       "requires_grad": [True] * 4, "used": [True, True, False, False]})
-    static, why = _static_graph(s, s, 2)
+    static, why = _static_graph(s, 2)
     assert not static and "receiving gradients" in why
     assert np.array_equal(per_tensor(pd.DataFrame({"name": ["b", "a"]}), s, s["used"]), [1, 1])

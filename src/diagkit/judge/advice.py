@@ -45,8 +45,7 @@ def build_advice(params: pd.DataFrame, steps: pd.DataFrame, ddp: dict | None = N
             fup["evidence"] += (f"; measured here: find_unused_parameters=True costs "
                                 f"{cost['ratio']:.2f}x the step time of False "
                                 f"(medians of {cost['rounds']} interleaved rounds)")
-    rg = s[s["requires_grad"].astype(bool)]
-    static, static_evidence = _static_graph(rg if len(s) else s, s, n_steps, steps_word)
+    static, static_evidence = _static_graph(s, n_steps, steps_word)
     return {"find_unused_parameters": fup,
             "static_graph": {"value": static, "evidence": static_evidence},
             "steps": n_steps}
@@ -96,8 +95,7 @@ def _find_unused(missed: dict, n_steps: int, steps_word: str) -> dict:
             "recommendation": recommendation}
 
 
-def _static_graph(rg: pd.DataFrame, s: pd.DataFrame, n_steps: int,
-                  steps_word: str = "steps") -> tuple[bool, str]:
+def _static_graph(s: pd.DataFrame, n_steps: int, steps_word: str = "steps") -> tuple[bool, str]:
     if n_steps == 0:
         return False, "no step completed"
     rg_mask = s["requires_grad"].astype(bool).to_numpy()

@@ -259,12 +259,12 @@ class Unregistered:
         for t in self.tensors:
             t.grad = None
 
-    def table(self, step: int | None = None) -> pd.DataFrame:
-        """Their rows of the steps table (of one step if `step` is given)."""
+    def table(self) -> pd.DataFrame:
+        """Their rows of the steps table."""
         columns = list(STEPS_COLUMNS) + (["checksum"] if self.checksums else [])
         frames = [pd.DataFrame({"step": np.full(len(names), s, dtype=np.int64),
                                 "name": np.array(names, dtype=object), **rec}, columns=columns)
-                  for s, names, rec in self.records if step is None or s == step]
+                  for s, names, rec in self.records]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
 
     def with_step(self, step: int, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
