@@ -9,26 +9,28 @@ to the group's store for rank 0: this is that whole price, on one rank.
 from __future__ import annotations
 
 
+def shard_blocks(model):
+    """`fully_shard` each block of the bench's model, then the root (the usual FSDP2 layout)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in getattr(model, "blocks", None) or getattr(model, "layers"):
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
 def time_fsdp(build, kind: str, cfg: dict, rounds: int, k: int) -> dict:
     """`time_watch` on `build(kind, cfg)`'s model with each block and the root `fully_shard`ed
     in a gloo process group of one (started here, in memory, and ended after)."""
-    import torch
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
 
+    from overhead import two_group_adamw
     from watch_time import time_watch
 
     def sharded(kind: str, cfg: dict):
         model, _, batch_fn, loss_fn = build(kind, cfg)
-        blocks = getattr(model, "blocks", None) or getattr(model, "layers")
-        for block in blocks:
-            fully_shard(block)
-        fully_shard(model)
-        decay = [p for p in model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=1e-4)
-        return model, opt, batch_fn, loss_fn
+        model = shard_blocks(model)
+        return model, two_group_adamw(model), batch_fn, loss_fn
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

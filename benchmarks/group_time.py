@@ -23,8 +23,8 @@ ENGINES = ("ddp", "fsdp2")
 
 def _wrapped(engine: str):
     """A `build(kind, cfg)` that returns the model wrapped by `engine`, and its AdamW."""
-    import torch
-    from overhead import build
+    from fsdp_time import shard_blocks
+    from overhead import build, two_group_adamw
 
     def wrapped(kind: str, cfg: dict):
         model, _, batch_fn, loss_fn = build(kind, cfg)
@@ -32,15 +32,8 @@ def _wrapped(engine: str):
             from torch.nn.parallel import DistributedDataParallel
             model = DistributedDataParallel(model)
         else:
-            from torch.distributed.fsdp import fully_shard
-            for block in getattr(model, "blocks", None) or model.layers:
-                fully_shard(block)
-            fully_shard(model)
-        decay = [p for p in model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=1e-4)
-        return model, opt, batch_fn, loss_fn
+            model = shard_blocks(model)
+        return model, two_group_adamw(model), batch_fn, loss_fn
 
     return wrapped
 

@@ -189,11 +189,16 @@ def build(kind: str, cfg: dict, device: str = "cpu"):
         def loss_fn(m, x):
             return m(x).pow(2).mean()
     model = model.to(device)
+    return model, two_group_adamw(model), batch_fn, loss_fn
+
+
+def two_group_adamw(model) -> torch.optim.AdamW:
+    """The bench's optimizer: AdamW with decay on matrices and none on vectors, built from the
+    model's parameters as they are now (after any wrapping or sharding)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=1e-4)
-    return model, opt, batch_fn, loss_fn
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=1e-4)
 
 
 def param_facts(model) -> dict:
@@ -1028,6 +1033,7 @@ def _print_and_save(result: dict, lines: list, out_path: Path, profile: bool) ->
     tmp = out_path.with_suffix(out_path.suffix + ".tmp")
     tmp.write_text(json.dumps(result, indent=1, default=str))
     tmp.replace(out_path)
+    out_path.with_suffix(out_path.suffix + ".partial").unlink(missing_ok=True)  # (`_guarded`)
     print(f"\nwrote {out_path} ({result['wall_s']:.0f} s)")
 
 

@@ -15,13 +15,11 @@ import statistics
 import time
 
 
-def _plain_block(model, opt, batch_fn, loss_fn, n: int) -> float:
-    """Seconds of n standard steps: the loop `diagnose` runs (zero_grad, batch, backward, step)."""
+def _plain_block(step, n: int) -> float:
+    """Seconds of n calls of `step`, the loop `diagnose` runs (`diagkit.run.loop`)."""
     s = time.perf_counter()
-    for _ in range(n):
-        opt.zero_grad()
-        loss_fn(model, batch_fn()).backward()
-        opt.step()
+    for i in range(n):
+        step(i)
     return time.perf_counter() - s
 
 
@@ -29,9 +27,12 @@ def time_whole_call(build, kind: str, cfg: dict, rounds: int, n: int) -> dict:
     """Medians and ratios of `diagnose(steps=n)` against n plain steps of `build(kind, cfg)`."""
     import diagkit
     from diagkit.measure.restore import SavedState
+    from diagkit.run.loop import step_function
+    from diagkit.run.target import Setup
 
     model, opt, batch_fn, loss_fn = build(kind, cfg)
-    _plain_block(model, opt, batch_fn, loss_fn, 2)  # AdamW state and .grad exist, as in a run
+    step = step_function(Setup(model=model, optimizer=opt, batch_fn=batch_fn, loss_fn=loss_fn))
+    _plain_block(step, 2)  # AdamW state and .grad exist, as in a run
     saved = SavedState(model, list(model.parameters()), [opt])
 
     def call(steps: int) -> float:
@@ -45,11 +46,10 @@ def time_whole_call(build, kind: str, cfg: dict, rounds: int, n: int) -> dict:
         order = ["plain", "call", "aa"] if r % 2 == 0 else ["aa", "call", "plain"]
         got = {}
         for what in order:
-            got[what] = (call(n) if what == "call"
-                         else _plain_block(model, opt, batch_fn, loss_fn, n))
+            got[what] = call(n) if what == "call" else _plain_block(step, n)
             saved.restore()
         one.append(call(1))
-        one_plain.append(_plain_block(model, opt, batch_fn, loss_fn, 1))
+        one_plain.append(_plain_block(step, 1))
         saved.restore()
         plain.append(got["plain"])
         plain_aa.append(got["aa"])
