@@ -4,7 +4,6 @@ wiring differs, whatever sequence of changes a run makes (hypothesis)."""
 from __future__ import annotations
 
 import contextlib
-import sys
 import weakref
 from unittest import mock
 
@@ -210,9 +209,7 @@ def mutate(op, k, model, opts):
         opt.param_groups[k % len(opt.param_groups)]["params"] = tuple(members)
 
 
-FAST_PATHS = {"fast": {}, "no_raw_lists": {"_raw_lists": lambda: False},
-              "no_c_any": {"_any_requires_grad": lambda: None},
-              "neither": {"_raw_lists": lambda: False, "_any_requires_grad": lambda: None}}
+FAST_PATHS = {"fast": {}, "no_c_any": {"_any_requires_grad": lambda: None}}
 
 
 @pytest.mark.parametrize("paths", list(FAST_PATHS))
@@ -242,18 +239,16 @@ def test_the_events_are_the_oracles_whatever_the_mutations(paths, steps):
 def test_members_are_compared_by_identity_never_by_value():
     one = nn.Parameter(torch.ones(1))
     members = (one, nn.Parameter(torch.zeros(3)))
-    packed = wiring_module._packed(members) if wiring_module._raw_lists() else None
-    assert wiring_module._same_members(list(members), members, packed)
-    assert wiring_module._same_members(tuple(members), members, packed)
+    assert wiring_module._same_members(list(members), members)
+    assert wiring_module._same_members(tuple(members), members)
     twin = one.detach().clone()  # `twin == one` is True: a 1-element tensor of the same value
-    assert not wiring_module._same_members([twin, members[1]], members, packed)
-    assert not wiring_module._same_members(list(members)[::-1], members, packed)
-    assert not wiring_module._same_members([one], members, packed)
-    assert wiring_module._same_members([], (), wiring_module._packed(()))
+    assert not wiring_module._same_members([twin, members[1]], members)
+    assert not wiring_module._same_members(list(members)[::-1], members)
+    assert not wiring_module._same_members([one], members)
+    assert wiring_module._same_members([], ())
 
 
-def test_the_fast_paths_are_on_here():
-    """The pinned torch on CPython takes both: the oracle test above runs them, not only the
-    fallbacks."""
-    assert wiring_module._raw_lists() is (sys.implementation.name == "cpython")
+def test_the_fast_path_is_on_here():
+    """The pinned torch takes the one C call for frozen tensors: the oracle test above runs
+    it, not only the fallback."""
     assert wiring_module._any_requires_grad() is not None

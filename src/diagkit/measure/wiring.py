@@ -14,8 +14,7 @@ different?", in C-level passes, and the events are worked out only when the answ
   (`torch._C._any_requires_grad`: did any become trainable?); the others are read with one
   C-level `map` and compared as a tuple. This read, ~40-60 ns a tensor, is what the check costs.
 - A group's members: compared by identity with the objects it held, which the check keeps (so
-  no id can be reused by a new tensor). On CPython a list's item pointers are compared as
-  bytes in one go per group (`_items`); elsewhere with `map(operator.is_, ...)`. Never with
+  no id can be reused by a new tensor), with one `map(operator.is_, ...)` per group. Never with
   `==`: a tensor's `==` is elementwise, and a new 1-element tensor of the same value would pass.
 - The model's parameters are not walked at every step: torch's global module hooks
   (`register_module_parameter_registration_hook`, `..._module_registration_hook`) tell when
@@ -26,12 +25,9 @@ different?", in C-level passes, and the events are worked out only when the answ
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 import operator
-import struct
-import sys
 
 import torch
 from torch.nn.modules import module as _module
@@ -39,7 +35,6 @@ from torch.nn.modules import module as _module
 from .inventory import group_lr
 
 _requires_grad = operator.attrgetter("requires_grad")
-_PTR = struct.calcsize("P")
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # their requires_grad is the C getter's, no override
 
 
@@ -56,39 +51,13 @@ def _any_requires_grad():
     return found if works else None
 
 
-def _items(lst: list) -> bytes:
-    """A list's item pointers (its members' ids), read in place from CPython's `PyListObject`
-    (`ob_item` is the field after the variable-size header): one copy, no call per item. Only
-    another thread mutating the list between the two reads could make them disagree, and
-    torch's own step iterates the same list unguarded."""
-    address = ctypes.c_void_p.from_address(id(lst) + 3 * _PTR).value
-    return ctypes.string_at(address, len(lst) * _PTR) if lst else b""
-
-
-def _packed(members: tuple) -> bytes:
-    return struct.pack(f"{len(members)}P", *map(id, members))
-
-
-@functools.cache
-def _raw_lists() -> bool:
-    """Whether `_items` may read lists here: CPython with the standard layout (refcount, type,
-    size, items, allocated; not a free-threaded or trace-refs build), checked on a probe list."""
-    if sys.implementation.name != "cpython" or list.__basicsize__ != 5 * _PTR:
-        return False
-    probe = [object(), object(), object()]
-    return _items(probe) == _packed(tuple(probe))
-
-
-def _same_members(params, members: tuple, packed: bytes | None) -> bool:
+def _same_members(params, members: tuple) -> bool:
     """Whether a group's `params` hold `members`, the same objects in the same order: a member
-    replaced, added, removed or moved in place (the list the same object) is a difference."""
+    replaced, added, removed or moved in place (the list the same object) is a difference.
+    By identity, one C-level pass; never `==` (a tensor's is elementwise)."""
     if type(params) is not list and type(params) is not tuple:
         params = tuple(params)
-    if len(params) != len(members):
-        return False
-    if packed is not None and type(params) is list:
-        return _items(params) == packed
-    return all(map(operator.is_, params, members))
+    return len(params) == len(members) and all(map(operator.is_, params, members))
 
 
 class Wiring:
@@ -147,14 +116,11 @@ class Wiring:
         return tuple(map(_requires_grad, self._polled)) == self._polled_flags
 
     def _hold_groups(self) -> None:
-        """Keep, per optimizer and group, the members (the objects: an id stays theirs), their
-        ids packed for `_same_members`, and whether the lr is 0; `_groups` says the same in ids
-        (the events and the digest)."""
-        raw = _raw_lists()
-        self._held = [[(members, _packed(members) if raw else None, _lr_is_zero(g))
-                       for g in opt.param_groups for members in (tuple(g["params"]),)]
+        """Keep, per optimizer and group, the members (the objects: an id stays theirs) and
+        whether the lr is 0; `_groups` says the same in ids (the events and the digest)."""
+        self._held = [[(tuple(g["params"]), _lr_is_zero(g)) for g in opt.param_groups]
                       for opt in self.optimizers]
-        self._groups = tuple(tuple((tuple(map(id, members)), zero) for members, _, zero in held)
+        self._groups = tuple(tuple((tuple(map(id, members)), zero) for members, zero in held)
                              for held in self._held)
 
     def _groups_same(self) -> bool:
@@ -166,9 +132,8 @@ class Wiring:
             groups = opt.param_groups
             if len(groups) != len(held):
                 return False
-            for group, (members, packed, zero) in zip(groups, held):
-                if (_lr_is_zero(group) is not zero
-                        or not _same_members(group["params"], members, packed)):
+            for group, (members, zero) in zip(groups, held):
+                if _lr_is_zero(group) is not zero or not _same_members(group["params"], members):
                     return False
         return True
 
