@@ -124,6 +124,12 @@ def test_a_whole_run_panel_lists_the_wiring_changes():
         before = w.live.panel.changes.value + w.live.panel.findings.value
         opt.add_param_group({"params": list(model.head2.parameters())})
         train(12, sleep=0.02)
+        # An update that began before the change can outlast these steps on a loaded machine,
+        # and a panel updates only on a step: step on (up to 30 s) until one shows the change.
+        deadline = time.monotonic() + 30
+        while ("groups changed" not in w.live.panel.changes.value
+               and time.monotonic() < deadline):
+            train(1, sleep=0.05)
         time.sleep(0.5)
         after = w.live.panel.changes.value + w.live.panel.findings.value
         w.stop()
