@@ -9,7 +9,7 @@ import math
 import numpy as np
 import torch
 
-from . import kernels
+from . import kernels, snapshot_pass
 from .buckets import Buckets
 from .change_parts import RISK, change_parts, nonfinite_change
 from .readback import Pending, readback
@@ -39,6 +39,7 @@ class ExactProbe:
         # before and after, queued with the step, before the subtraction destroys `before`.
         self._careful: set[int] = set()
         self._before: list[torch.Tensor] = []
+        self._decided: dict[int, float] = {}
 
     PINGPONG_BYTES = 64 << 20  # a second buffer per group, up to this much in all
 
@@ -125,7 +126,8 @@ class ExactProbe:
             if self._loose:
                 todo = [j for j in self._loose if j not in ahead]
                 fresh = dict(zip(todo, kernels.norms([self._snap(j) for j in todo])))
-                norms.append([ahead[j] if j in ahead else fresh[j] for j in self._loose])
+                norms.append(self._piece([ahead[j] if j in ahead else fresh[j]
+                                          for j in self._loose]))
             self._before_norm = norms
             if not consecutive and self._cpu:
                 # Values may have moved unobserved: on the CPU, reading the norms is free.
@@ -160,15 +162,16 @@ class ExactProbe:
                 pending.add(f"{tag}.l2", part)
             pending.add(f"{tag}.zero", [kernels.max_abs(self._snap(j)) for j in self._checked])
 
-    def _end_loose(self) -> list[torch.Tensor]:
+    def _end_loose(self):
         """The change norms of the ungrouped tensors, in `_loose` order.
 
-        On the CPU each tensor is done whole while it is in cache: subtract, norm, then copy
-        its value as the next step's snapshot and norm that (batching each operation across
-        tensors would read memory four times; see `benchmarks/README.md`). A tensor whose
-        change norm is 0 or non-finite keeps its change for `resolve` to confirm element-wise,
-        as do the tensors queued for that check. Elsewhere one batched kernel per operation.
+        On the CPU each tensor is done whole, chunk by chunk while a chunk is in cache
+        (`snapshot_pass`): the change's norm, the snapshot refreshed as the next step's, and
+        the value's norm, in three passes over memory instead of seven. A tensor queued for
+        an element-wise check (expected zero, or careful) keeps its change for `resolve`, as
+        does everything off the CPU: one batched kernel per operation there.
         """
+        self._decided = {}  # j -> its change norm, 0 or inf: exact already (`snapshot_pass`)
         keep = set(self._checked) | set(self._careful_checked)
         ahead_ok = self._loose_cpu - keep if self._loose_cpu else ()
         batched = [j for j in self._loose if j not in ahead_ok]
@@ -179,12 +182,27 @@ class ExactProbe:
             if j not in ahead_ok:
                 continue
             before, now = self._snap(j), self.tensors[self.indices[self.float_pos[j]]]
+            if snapshot_pass.fits(before, now):
+                # Not careful: its value before held no NaN, as the pass presumes.
+                got = snapshot_pass.change_and_refresh(before, now)
+                out[j], self._ahead[j] = got.norm, got.value
+                if got.rare:
+                    self._decided[j] = got.norm
+                continue
             before.sub_(now)
             out[j] = change = kernels.norm(before)
             if 0 < float(change) < math.inf:  # a host read, but on the CPU that is free
                 before.copy_(now)
                 self._ahead[j] = kernels.norm(before)
-        return [out[j] for j in self._loose]
+        return self._piece([out[j] for j in self._loose])
+
+    def _piece(self, values: list):
+        """Norms as `Pending` takes them: one float64 tensor when everything is on the CPU
+        (some are host floats already, from `snapshot_pass`), else 0-d tensors."""
+        if self._cpu:
+            return torch.tensor([float(v) for v in values], dtype=torch.float64)
+        return [v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.float64)
+                for v in values]
 
     def _now(self, positions) -> list[torch.Tensor]:
         return [self.tensors[self.indices[p]] for p in positions]
@@ -214,8 +232,13 @@ class ExactProbe:
             parts = got[f"{tag}.careful"].reshape(-1, 3)
             q = self._queue_pos(self._careful_checked)
             fchanged[q], l2[q], decided[q] = parts[:, 0] != 0, parts[:, 1], True
-        rare = np.flatnonzero(~decided & (~(l2 > 0) | np.isinf(l2)))  # 0, inf or NaN
         zero_now = set()
+        if self._decided:  # 0 or inf, decided in `end()` (`snapshot_pass`): exact already
+            q = self._queue_pos(list(self._decided))
+            l2[q] = list(self._decided.values())
+            fchanged[q], decided[q] = l2[q] != 0, True
+            zero_now.update(j for j, size in self._decided.items() if size == 0)
+        rare = np.flatnonzero(~decided & (~(l2 > 0) | np.isinf(l2)))  # 0, inf or NaN
         checked = dict(zip(self._checked, got[f"{tag}.zero"]))
         for q in rare:
             j = int(order[q])

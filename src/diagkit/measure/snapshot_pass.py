@@ -1,0 +1,82 @@
+"""One pass over a CPU snapshot at the end of an observed step: the change, then the refresh.
+
+The exact probe keeps each large tensor's value before the step in a snapshot buffer. At the
+end of the step it needs three things of it: the norm of `before - now`, the snapshot set to
+`now` (the next step's `before`), and the norm of `now`. Done as four whole-tensor torch
+operations that is seven passes over memory (a 17M-parameter model: 64 MiB each); done chunk
+by chunk while a chunk is in the cache it is three (read both, write the snapshot). Torch
+pays ~5 us per operation on the CPU, which over 256 chunks ate the gain; numpy pays ~1 us
+and works on the same memory (`Tensor.numpy()` is a view). Figures: benchmarks/README.md,
+"Issue 25: the snapshot pass".
+
+Exactness is the rare path's, chunk by chunk: a chunk whose float sum of squares is 0, inf or
+NaN is decided element-wise while its difference still exists (`chunk_change`), with the same
+semantics as `exact_probe.ExactProbe.resolve_into` gives a whole tensor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .change_parts import nonfinite_change
+from .kernels import exact_norm
+
+CHUNK = 1 << 16  # elements: 256 KiB of float32 per operand, both operands stay in L2
+DTYPES = (torch.float32, torch.float64)  # what numpy holds and sums exactly as torch does
+
+
+def fits(before: torch.Tensor, now: torch.Tensor) -> bool:
+    """Whether the pair can take the chunked pass: dense CPU tensors of one numpy dtype,
+    contiguous, no lazy conjugate or negative bit (`numpy()` would refuse them)."""
+    return (now.device.type == "cpu" and before.device.type == "cpu"
+            and now.dtype in DTYPES and before.dtype == now.dtype
+            and now.layout == torch.strided and now.is_contiguous()
+            and before.is_contiguous() and not now.is_neg() and now.numel() > 0
+            and now.numel() == before.numel())
+
+
+class Change:
+    """What one pass found: the L2 norm of the change (float64; 0 exactly when no element
+    changed, NaN equal to NaN; inf when one changed to or from NaN or inf) and the L2 norm of
+    the value now."""
+
+    __slots__ = ("norm", "value")
+
+    def __init__(self, norm: float, value: float):
+        self.norm, self.value = norm, value
+
+    rare = property(lambda self: not 0 < self.norm < math.inf,
+                    doc="0 or inf: what the float path alone could not have decided.")
+
+
+def change_and_refresh(before: torch.Tensor, now: torch.Tensor) -> Change:
+    """`before` (a snapshot buffer) becomes `now`; returns the change from the old `before`,
+    which must hold no NaN: the exact probe decides those tensors element-wise instead, from
+    both values (`change_parts`, its `careful` set), as `nonfinite_change` presumes."""
+    b = before.detach().reshape(-1).numpy()
+    a = now.detach().reshape(-1).numpy()
+    parts: list[float] = []   # each chunk's change norm: combined with hypot (no overflow)
+    value_sq = 0.0
+    with np.errstate(all="ignore"):  # inf - inf and overflow: decided below, not warned
+        for at in range(0, b.size, CHUNK):
+            x, y = b[at:at + CHUNK], a[at:at + CHUNK]
+            np.subtract(x, y, out=x)
+            q = float(np.dot(x, x))
+            # 0, inf or NaN: underflow, overflow, or a change to or from NaN or inf
+            parts.append(math.sqrt(q) if 0 < q < math.inf else chunk_change(x, y))
+            np.copyto(x, y)
+            value_sq += float(np.dot(x, x))
+    return Change(math.hypot(*parts), math.sqrt(value_sq))
+
+
+def chunk_change(diff: np.ndarray, now: np.ndarray) -> float:
+    """One chunk's change norm from its difference and its value now, as the exact probe's
+    rare path decides a whole tensor: NaN in the difference through `nonfinite_change` (inf
+    for a change to or from NaN), else the overflow- and underflow-free `exact_norm`."""
+    d, n = torch.from_numpy(diff), torch.from_numpy(now)
+    if np.isnan(diff).any():
+        return nonfinite_change(d, n, before_had_nan=False)[1]
+    return exact_norm(d)
