@@ -94,6 +94,27 @@ def test_exact_nothing_changes_then_something(exact):
     assert delta == pytest.approx(true, rel=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["exact", "sampled"])
+def test_a_first_consecutive_step_keeps_the_snapshot_attach_took(mode):
+    """Nothing runs between `attach()` and diagnose's first step, so that step's snapshot is
+    the one attach took, not a second copy: a change made after attach (which a caller that
+    says `consecutive` promises not to make) shows in the first step's delta. Not consecutive,
+    the first step takes its own snapshot and sees only its own change."""
+    for consecutive in (True, False):
+        ts = small_set()
+        probe = make_probe(mode, ts, likely_static=set())
+        probe.attach()
+        with torch.no_grad():
+            ts[0].add_(1.0)  # after attach, before the first step
+        try:
+            delta, changed, *_ = one_step(probe, ts, lambda ts: ts[1].mul_(2.0),
+                                          consecutive=consecutive)
+        finally:
+            probe.detach()
+        assert changed.tolist()[:2] == [consecutive, True]
+        assert delta[0] == (pytest.approx(math.sqrt(3.0)) if consecutive else 0.0)
+
+
 @pytest.mark.parametrize("value", [1.0, 1e-30, 0.0, 3e38])
 @pytest.mark.parametrize("mode", ["exact", "sampled", "off"])
 def test_one_ulp_change_is_a_change(mode, value):

@@ -40,6 +40,7 @@ class ExactProbe:
         self._careful: set[int] = set()
         self._before: list[torch.Tensor] = []
         self._decided: dict[int, float] = {}
+        self._primed = False  # the snapshot `attach()` took is still this step's before
 
     PINGPONG_BYTES = 64 << 20  # a second buffer per group, up to this much in all
 
@@ -85,6 +86,9 @@ class ExactProbe:
             self.begin()
         if not self._cpu:
             self._careful = self._careful_now()  # one read-back, at attach only
+        # What attach took is the first step's snapshot if nothing runs before it: a
+        # consecutive first `begin` keeps it instead of copying every tensor again.
+        self._primed = True
 
     def _careful_now(self) -> set[int]:
         """The tensors whose value (before the step now begun) holds NaN, inf or values that
@@ -109,6 +113,9 @@ class ExactProbe:
         self.buckets.clear()
 
     def begin(self, consecutive: bool = False) -> None:
+        primed, self._primed = self._primed, False
+        if consecutive and primed:  # nothing ran since `attach()` took the snapshot
+            return
         norms = []
         with torch.no_grad():
             for group in self._groups:
@@ -135,6 +142,7 @@ class ExactProbe:
                 self._careful = self._careful_now()
 
     def end(self, pending: Pending, tag: str = "x") -> None:
+        self._primed = False
         with torch.no_grad():
             # First, while `before` still exists: the element-wise decisions.
             self._careful_checked = sorted(self._careful)

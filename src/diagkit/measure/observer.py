@@ -126,7 +126,8 @@ class Observer:
 
     # ----------------------------------------------------------------- steps
     def begin_step(self, step: int | None = None, consecutive: bool = False) -> None:
-        """Start observing a step. `consecutive`: nothing ran since the last `end_step`."""
+        """Start observing a step. `consecutive`: nothing ran since the last `end_step` (or,
+        for the first step, since `attach`)."""
         self.state = StepState.begin(len(self.records) if step is None else step, self.n,
                                      len(self.optimizers))
         self.stepping = None

@@ -43,8 +43,9 @@ class Probe(Protocol):
         """Allocate what every step reuses (snapshot buffers, sample positions)."""
 
     def begin(self, consecutive: bool = False) -> None:
-        """Take the values before the step. `consecutive`: nothing ran since the last `end()`,
-        so what `end()` took then still holds (and need not be taken again)."""
+        """Take the values before the step. `consecutive`: nothing ran since the last `end()`
+        (or, before the first step, since `attach()`), so what that took still holds (and
+        need not be taken again)."""
 
     def end(self, pending: Pending) -> None:
         """Queue this step's device scalars on `pending`; never sync with the device."""

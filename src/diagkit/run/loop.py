@@ -32,7 +32,7 @@ def run_steps(observer: Observer, step_fn: Callable[[int], object], steps: int,
     """Run `steps` steps, observing steps 0, every, 2*every, ...; stop at the first failure.
 
     Between observed steps the hooks stay attached but idle, so a long run keeps a steps table
-    of steps/every rows per tensor.
+    of steps/every rows per tensor. `observer` was attached just before: nothing ran since.
     """
     try:
         return _steps(observer, step_fn, steps, every)
@@ -43,7 +43,9 @@ def run_steps(observer: Observer, step_fn: Callable[[int], object], steps: int,
 def _steps(observer: Observer, step_fn, steps: int, every: int) -> StepFailure | None:
     """`run_steps`' loop. A step that raises, calls sys.exit or outlives `--timeout` is the
     run's failure (the steps before it are kept); Ctrl-C still ends the run."""
-    previous, step = None, 0
+    # The observer was attached just before (`pipeline.observe`): the first step follows its
+    # snapshot directly, as consecutive steps follow each other.
+    previous, step = -1, 0
     try:
         for step in range(steps):
             observed = step % every == 0
