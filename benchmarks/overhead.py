@@ -247,6 +247,10 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
         "inventory", "observer_attach", "saved_state_capture", "detach", "steps_table",
         "restore", "judge_run")}
     walks: list[tuple[float, int, int]] = []  # (seconds, walks, steps) of each timed block
+    # Seconds inside begin_step + end_step of each observed step: the observer's own calls,
+    # additive, so far steadier than a ratio of step times on a shared host (its hooks and
+    # the optimizer-time reads inside the step are not in it).
+    own: dict[str, list[float]] = {m: [] for m in MODES}
     clock = time.perf_counter
 
     def observed_block(n: int, record: bool, saved, prof: cProfile.Profile | None = None,
@@ -269,9 +273,13 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
                 with warnings.catch_warnings(record=True) as caught:
                     if cuda:
                         warnings.simplefilter("always")
+                    b0 = clock()
                     rec.begin_step(i, consecutive=i > 0)  # as run_steps calls it
+                    b1 = clock()
                     loss = user_step(i)
+                    e0 = clock()
                     rec.end_step(loss)
+                    own[mode].append((b1 - b0) + (clock() - e0))
                 if cuda:
                     torch.cuda.set_sync_debug_mode("default")
                     syncs[mode].append(sum("synchroniz" in str(w.message) for w in caught))
@@ -320,6 +328,7 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
         step(i)
     saved.restore()
     for m in MODES:
+        own[m].clear()
         syncs[m].clear()
         extra_alloc[m].clear()
     plain_alloc = []
@@ -374,6 +383,7 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
                       "median_of_round_ratios": statistics.median(round_ratios[m]),
                       "round_ratios": round_ratios[m],
                       "first_step_of_block_s": statistics.median(first_observed[m]),
+                      "begin_end_s": statistics.median(own[m]),
                       **({"host_syncs_per_step": max(syncs[m]),
                           "allocated_bytes_per_step_median": statistics.median(extra_alloc[m])}
                          if cuda else {})}
@@ -762,6 +772,11 @@ def main(argv=None) -> int:
                 fc = r["fixed_costs_s"]
                 lines.append((f"  fixed costs per diagnosis, {kind} (not in the ratio)",
                               ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in fc.items()), "-", "-"))
+                own = r["modes"]["exact"]["begin_end_s"]
+                lines.append((f"  observer's own calls per step, {kind} (begin_step + end_step, "
+                              "exact; not its hooks)",
+                              f"{1e3 * own:.2f} ms = {100 * own / r['plain_step_s']['median']:.2f} % "
+                              "of the plain step (median)", "-", "-"))
                 gw = r["graph_walk"]
                 lines.append((f"  graph walk for unregistered tensors, {kind} (in the first step)",
                               f"{1e3 * gw['seconds_per_walk']:.2f} ms per walk (median), {gw['walks']} walks "
