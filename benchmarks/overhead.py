@@ -274,7 +274,7 @@ def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
                     if cuda:
                         warnings.simplefilter("always")
                     b0 = clock()
-                    rec.begin_step(i, consecutive=i > 0)  # as run_steps calls it
+                    rec.begin_step(i, consecutive=True)  # as run_steps: attach, then step 0
                     b1 = clock()
                     loss = user_step(i)
                     e0 = clock()
