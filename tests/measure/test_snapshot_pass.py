@@ -95,3 +95,8 @@ def test_what_the_pass_takes():
     assert not snapshot_pass.fits(torch.zeros(2, 2), torch.zeros(2, 2).t())  # not contiguous
     assert not snapshot_pass.fits(torch.zeros(0), torch.zeros(0))
     assert not snapshot_pass.fits(x.clone(), x.double())
+    assert snapshot_pass.fits(x.clone(), torch.nn.Parameter(x))
+
+    class Wrapped(torch.Tensor):
+        pass
+    assert not snapshot_pass.fits(x.clone(), x.as_subclass(Wrapped))

@@ -25,13 +25,15 @@ from .change_parts import nonfinite_change
 from .kernels import exact_norm
 
 CHUNK = 1 << 16  # elements: 256 KiB of float32 per operand, both operands stay in L2
-DTYPES = (torch.float32, torch.float64)  # what numpy holds and sums exactly as torch does
+DTYPES = (torch.float32, torch.float64)  # numpy's own: float16 sums badly, bfloat16 is absent
+PLAIN = (torch.Tensor, torch.nn.Parameter)  # not a subclass whose `numpy()` means otherwise
 
 
 def fits(before: torch.Tensor, now: torch.Tensor) -> bool:
-    """Whether the pair can take the chunked pass: dense CPU tensors of one numpy dtype,
-    contiguous, no lazy conjugate or negative bit (`numpy()` would refuse them)."""
-    return (now.device.type == "cpu" and before.device.type == "cpu"
+    """Whether the pair can take the chunked pass: plain dense CPU tensors of one numpy dtype,
+    contiguous, no lazy negative bit (`numpy()` would refuse them)."""
+    return (type(now) in PLAIN and type(before) in PLAIN
+            and now.device.type == "cpu" and before.device.type == "cpu"
             and now.dtype in DTYPES and before.dtype == now.dtype
             and now.layout == torch.strided and now.is_contiguous()
             and before.is_contiguous() and not now.is_neg() and now.numel() > 0
