@@ -72,7 +72,7 @@ class ExactProbe:
         # The table row of each queued norm.
         self._queued_at = at[np.asarray(self.float_pos, dtype=np.int64)][self._order]
         self._other_at = at[np.asarray(self.other_pos, dtype=np.int64)]
-        for p, buf in zip(self._ungrouped, _slab([tensors[p] for p in self._ungrouped])):
+        for p, buf in zip(self._ungrouped, snapshot_pass.buffers([tensors[p] for p in self._ungrouped])):
             self._before[p] = buf
         # Large tensors on the CPU: the end of a step also takes the next step's snapshot
         # (`_end_loose`), and the next begin finds it there (`_ahead`: j -> its norm).
@@ -303,24 +303,3 @@ class _Group:
     cur: torch.Tensor
     spare: torch.Tensor | None
     next_norm: torch.Tensor | None = None
-
-
-def _slab(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Snapshot buffers shaped like `tensors`, carved from one allocation per device and dtype.
-
-    One large block sits outside the heap the training step allocates its gradients and
-    activations from (malloc maps it on its own), instead of dozens of tensor-sized holes in it
-    that move where each step's allocations land and slow the step down.
-    """
-    out: list[torch.Tensor | None] = [None] * len(tensors)
-    kinds: dict[tuple, list[int]] = {}
-    for i, t in enumerate(tensors):
-        kinds.setdefault((t.device, t.dtype), []).append(i)
-    for (device, dtype), idx in kinds.items():
-        flat = torch.empty(sum(tensors[i].numel() for i in idx), dtype=dtype, device=device)
-        at = 0
-        for i in idx:
-            n = tensors[i].numel()
-            out[i] = flat[at:at + n].view(tensors[i].shape)
-            at += n
-    return out

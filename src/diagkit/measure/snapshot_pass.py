@@ -1,4 +1,5 @@
-"""One pass over a CPU snapshot at the end of an observed step: the change, then the refresh.
+"""The exact probe's snapshot of large tensors: its buffers, and one pass over it on the CPU at
+the end of an observed step (the change, then the refresh).
 
 The exact probe keeps each large tensor's value before the step in a snapshot buffer. At the
 end of the step it needs three things of it: the norm of `before - now`, the snapshot set to
@@ -82,3 +83,24 @@ def chunk_change(diff: np.ndarray, now: np.ndarray) -> float:
     if np.isnan(diff).any():
         return nonfinite_change(d, n, before_had_nan=False)[1]
     return exact_norm(d)
+
+
+def buffers(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Snapshot buffers shaped like `tensors`, carved from one allocation per device and dtype.
+
+    One large block sits outside the heap the training step allocates its gradients and
+    activations from (malloc maps it on its own), instead of dozens of tensor-sized holes in it
+    that move where each step's allocations land and slow the step down.
+    """
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    kinds: dict[tuple, list[int]] = {}
+    for i, t in enumerate(tensors):
+        kinds.setdefault((t.device, t.dtype), []).append(i)
+    for (device, dtype), idx in kinds.items():
+        flat = torch.empty(sum(tensors[i].numel() for i in idx), dtype=dtype, device=device)
+        at = 0
+        for i in idx:
+            n = tensors[i].numel()
+            out[i] = flat[at:at + n].view(tensors[i].shape)
+            at += n
+    return out
