@@ -186,13 +186,14 @@ class ExactProbe:
         kernels.sub_all([self._snap(j) for j in batched], self._now(
             [self.float_pos[j] for j in batched]))
         out = dict(zip(batched, kernels.norms([self._snap(j) for j in batched])))
-        for j in self._loose:
+        before_norms = self._before_norm[-1] if ahead_ok else ()  # in `_loose` order
+        for at, j in enumerate(self._loose):
             if j not in ahead_ok:
                 continue
             before, now = self._snap(j), self.tensors[self.indices[self.float_pos[j]]]
-            if snapshot_pass.fits(before, now):
-                # Not careful: its value before held no NaN, as the pass presumes.
-                got = snapshot_pass.change_and_refresh(before, now)
+            if snapshot_pass.fits(before, now):  # its norm before: on the CPU, a free read
+                got = snapshot_pass.change_and_refresh(
+                    before, now, before_had_nan=math.isnan(float(before_norms[at])))
                 out[j], self._ahead[j] = got.norm, got.value
                 if got.rare:
                     self._decided[j] = got.norm

@@ -55,10 +55,12 @@ class Change:
                     doc="0 or inf: what the float path alone could not have decided.")
 
 
-def change_and_refresh(before: torch.Tensor, now: torch.Tensor) -> Change:
-    """`before` (a snapshot buffer) becomes `now`; returns the change from the old `before`,
-    which must hold no NaN: the exact probe decides those tensors element-wise instead, from
-    both values (`change_parts`, its `careful` set), as `nonfinite_change` presumes."""
+def change_and_refresh(before: torch.Tensor, now: torch.Tensor,
+                       before_had_nan: bool = False) -> Change:
+    """`before` (a snapshot buffer) becomes `now`; returns the change from the old `before`.
+    `before_had_nan`: its norm was NaN. The exact probe decides a tensor known to hold NaN
+    element-wise from both values instead (`change_parts`, its `careful` set); without that
+    knowledge a chunk is decided as `nonfinite_change` decides a whole tensor."""
     b = before.detach().reshape(-1).numpy()
     a = now.detach().reshape(-1).numpy()
     parts: list[float] = []   # each chunk's change norm: combined with hypot (no overflow)
@@ -69,19 +71,20 @@ def change_and_refresh(before: torch.Tensor, now: torch.Tensor) -> Change:
             np.subtract(x, y, out=x)
             q = float(np.dot(x, x))
             # 0, inf or NaN: underflow, overflow, or a change to or from NaN or inf
-            parts.append(math.sqrt(q) if 0 < q < math.inf else chunk_change(x, y))
+            parts.append(math.sqrt(q) if 0 < q < math.inf
+                         else chunk_change(x, y, before_had_nan))
             np.copyto(x, y)
             value_sq += float(np.dot(x, x))
     return Change(math.hypot(*parts), math.sqrt(value_sq))
 
 
-def chunk_change(diff: np.ndarray, now: np.ndarray) -> float:
+def chunk_change(diff: np.ndarray, now: np.ndarray, before_had_nan: bool) -> float:
     """One chunk's change norm from its difference and its value now, as the exact probe's
     rare path decides a whole tensor: NaN in the difference through `nonfinite_change` (inf
     for a change to or from NaN), else the overflow- and underflow-free `exact_norm`."""
     d, n = torch.from_numpy(diff), torch.from_numpy(now)
     if np.isnan(diff).any():
-        return nonfinite_change(d, n, before_had_nan=False)[1]
+        return nonfinite_change(d, n, before_had_nan)[1]
     return exact_norm(d)
 
 
