@@ -84,11 +84,21 @@ def _host(request: str) -> str:
 _BROWSER_HOSTS: set[str] | None = None
 
 
+# Hosts of Google's own services that Chromium calls for itself (sign-in, updates, safe
+# browsing), at moments that vary from launch to launch: Chromium 156 called accounts.google.com
+# while loading a report but not while loading about:blank just before. No page of ours names
+# them (fonts.googleapis.com and the like, which a page could load, are not among them).
+CHROMIUM_SERVICES = {"accounts.google.com", "clients2.google.com", "update.googleapis.com",
+                     "safebrowsing.googleapis.com", "optimizationguide-pa.googleapis.com",
+                     "content-autofill.googleapis.com"}
+
+
 def browser_own_hosts() -> set[str]:
-    """Hosts Chromium itself calls (component updater, clock, accounts) even for about:blank."""
+    """Hosts Chromium itself calls (component updater, clock, accounts) even for about:blank,
+    and its services' hosts (`CHROMIUM_SERVICES`)."""
     global _BROWSER_HOSTS
     if _BROWSER_HOSTS is None:
-        _BROWSER_HOSTS = {_host(r) for r in _load("about:blank")[1]}
+        _BROWSER_HOSTS = {_host(r) for r in _load("about:blank")[1]} | CHROMIUM_SERVICES
     return _BROWSER_HOSTS
 
 
