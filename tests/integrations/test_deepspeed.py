@@ -104,7 +104,15 @@ PROGRAM = textwrap.dedent('''
     out["accumulated"] = {"done_after": done_after,
                           "steps": None if d is None else sorted(set(d.steps["step"]))}
     # fp16 under ZeRO-2, its loss scaler skipping step 1 (an overflow, forced): a step that
-    # still counts, with its tensors `skipped`, never `stalled`.
+    # still counts, with its tensors `skipped`, never `stalled`. DeepSpeed's CPU accelerator
+    # has fp16 only where oneDNN does on this CPU (some hosts of the same kind lack it).
+    from deepspeed.accelerator import get_accelerator
+    if not get_accelerator().is_fp16_supported():
+        out["fp16"] = "unsupported"
+        if dist.get_rank() == 0:
+            json.dump(out, open(sys.argv[1], "w"))
+        dist.destroy_process_group()
+        sys.exit(0)
     torch.manual_seed(0)
     model = Net()
     config = {"train_micro_batch_size_per_gpu": 4, "zero_allow_untested_optimizer": True,
@@ -202,6 +210,8 @@ def test_one_step_per_optimizer_step_through_accumulation_and_sub_groups(job):
 
 
 def test_an_fp16_step_the_loss_scaler_skipped_still_counts_as_skipped(job):
+    if job["fp16"] == "unsupported":
+        pytest.skip("DeepSpeed's CPU accelerator has no fp16 on this CPU (oneDNN lacks it)")
     assert job["fp16"] == {"verdicts": ["ok"], "skipped_steps": [1], "all_skipped_at_1": True,
                            "changed_at_1": False, "skipped_optimizer_steps": 1,
                            "dtype": ["torch.float16"]}
