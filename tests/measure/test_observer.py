@@ -20,6 +20,7 @@ from torch import nn
 
 from diagkit.core.schema import STEPS_COLUMNS
 from diagkit.measure.inventory import take_inventory
+from diagkit.measure import kernels
 from diagkit.measure.kernels import checksum
 from diagkit.measure.observer import Observer
 from diagkit.measure.step_state import LoopFacts
@@ -296,6 +297,32 @@ def test_step_table_checksums_and_progress():
     last = obs.step_table(10).set_index("name")["checksum"]
     for name, f in facts.items():
         assert last[name] == float(checksum(f["value1"]))
+
+
+class Wide(nn.Module):
+    """`big` spans more than one checksum chunk (the snapshot pass takes its checksum),
+    `small` does not (taken apart)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.big = nn.Parameter(torch.randn(2, kernels.CHECKSUM_CHUNK // 2 + 7))
+        self.small = nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        return (self.big * x[0, 0]).square().sum() + (self.small * x[1, 1]).sum()
+
+
+def test_checksums_taken_in_the_snapshot_pass_are_the_values_own():
+    model = Wide()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    with observer(model, [opt], checksums=True) as obs:
+        for i in range(3):
+            rows, facts = step(obs, model, [opt], i)
+            assert set(obs.probe.checksums) == {obs.inv.names.index("big")}  # in passing
+            for name, f in facts.items():
+                assert rows.loc[name, "checksum"] == float(checksum(f["value1"])), (i, name)
+                assert rows.loc[name, "checksum"] != float(checksum(f["value0"]))
 
 
 def test_strategies_agree():

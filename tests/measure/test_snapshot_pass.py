@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diagkit.measure import snapshot_pass
+from diagkit.measure import kernels, snapshot_pass
 
 ORACLE = settings(derandomize=True, max_examples=300, deadline=None, database=None,
                   suppress_health_check=[HealthCheck.too_slow])
@@ -100,3 +100,47 @@ def test_what_the_pass_takes():
     class Wrapped(torch.Tensor):
         pass
     assert not snapshot_pass.fits(x.clone(), x.as_subclass(Wrapped))
+
+
+@st.composite
+def large_values(draw):
+    """A value of one to three checksum chunks and a tail, at an offset in its storage, with
+    special values (NaN, inf, subnormal, huge) dropped in at a few positions."""
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    n = draw(st.integers(kernels.CHECKSUM_CHUNK + 1, 3 * kernels.CHECKSUM_CHUNK + 17))
+    offset = draw(st.integers(0, 5))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    base = torch.randn(n + offset, generator=gen, dtype=dtype) * draw(
+        st.sampled_from([1e-3, 1.0, 1e4]))
+    now = base[offset:]
+    for at, v in draw(st.lists(st.tuples(st.integers(0, n - 1), st.sampled_from(
+            special(np.float32 if dtype == torch.float32 else np.float64))), max_size=4)):
+        now[at] = v
+    return now
+
+
+@settings(derandomize=True, max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(now=large_values())
+def test_the_checksum_taken_in_passing_is_the_kernels_own(now):
+    """Ranks compare checksums that one rank may take in the pass and another apart
+    (`kernels.checksum`): for the same values both must give the same number, bit for bit."""
+    before = snapshot_pass.buffers([now])[0]
+    before.copy_(now * 0.5)
+    got = snapshot_pass.change_and_refresh(before, now, checksum=True)
+    want = float(kernels.checksum(now.clone()))
+    assert got.checksum is not None
+    took = float(got.checksum)
+    assert took == want or (math.isnan(took) and math.isnan(want))
+    assert torch.equal(before, now) or torch.equal(before.isnan(), now.isnan())
+
+
+def test_the_pass_takes_no_checksum_unasked_or_on_other_chunks(monkeypatch):
+    now = torch.randn(kernels.CHECKSUM_CHUNK + 3)
+    before = torch.zeros_like(now)
+    assert snapshot_pass.change_and_refresh(before, now).checksum is None
+    small = torch.randn(kernels.CHECKSUM_CHUNK)  # one chunk: `checksum`'s own small path
+    assert snapshot_pass.change_and_refresh(torch.zeros_like(small), small,
+                                            checksum=True).checksum is None
+    monkeypatch.setattr(snapshot_pass, "CHUNK", 5)  # chunks other than the checksum's
+    assert snapshot_pass.change_and_refresh(before, now, checksum=True).checksum is None

@@ -41,6 +41,10 @@ class ExactProbe:
         self._before: list[torch.Tensor] = []
         self._decided: dict[int, float] = {}
         self._primed = False  # the snapshot `attach()` took is still this step's before
+        # The tensors whose value checksum the observer wants at `end()` (ranks compared), and
+        # those the snapshot pass took in passing (`checksums`, by index): not read again.
+        self.checksum_of: set[int] = set()
+        self.checksums: dict[int, torch.Tensor] = {}
 
     PINGPONG_BYTES = 64 << 20  # a second buffer per group, up to this much in all
 
@@ -72,7 +76,8 @@ class ExactProbe:
         # The table row of each queued norm.
         self._queued_at = at[np.asarray(self.float_pos, dtype=np.int64)][self._order]
         self._other_at = at[np.asarray(self.other_pos, dtype=np.int64)]
-        for p, buf in zip(self._ungrouped, snapshot_pass.buffers([tensors[p] for p in self._ungrouped])):
+        buffers = snapshot_pass.buffers([tensors[p] for p in self._ungrouped])
+        for p, buf in zip(self._ungrouped, buffers):
             self._before[p] = buf
         # Large tensors on the CPU: the end of a step also takes the next step's snapshot
         # (`_end_loose`), and the next begin finds it there (`_ahead`: j -> its norm).
@@ -143,6 +148,7 @@ class ExactProbe:
 
     def end(self, pending: Pending, tag: str = "x") -> None:
         self._primed = False
+        self.checksums = {}
         with torch.no_grad():
             # First, while `before` still exists: the element-wise decisions.
             self._careful_checked = sorted(self._careful)
@@ -190,11 +196,15 @@ class ExactProbe:
         for at, j in enumerate(self._loose):
             if j not in ahead_ok:
                 continue
-            before, now = self._snap(j), self.tensors[self.indices[self.float_pos[j]]]
+            k = self.indices[self.float_pos[j]]
+            before, now = self._snap(j), self.tensors[k]
             if snapshot_pass.fits(before, now):  # its norm before: on the CPU, a free read
                 got = snapshot_pass.change_and_refresh(
-                    before, now, before_had_nan=math.isnan(float(before_norms[at])))
+                    before, now, before_had_nan=math.isnan(float(before_norms[at])),
+                    checksum=k in self.checksum_of)
                 out[j], self._ahead[j] = got.norm, got.value
+                if got.checksum is not None:
+                    self.checksums[k] = got.checksum
                 if got.rare:
                     self._decided[j] = got.norm
                 continue

@@ -111,6 +111,7 @@ def _pairwise(batched, one, dst, src) -> None:
 
 
 CHECKSUM_CHUNK = 1 << 16  # float64 elements: 512 KiB, a chunk stays in the CPU's L2 cache
+SQRT2 = math.sqrt(2.0)
 
 
 def checksum(t: torch.Tensor) -> torch.Tensor:
@@ -118,24 +119,45 @@ def checksum(t: torch.Tensor) -> torch.Tensor:
     ranks whose copies differ almost never collide.
 
     On the CPU a large tensor goes through a float64 scratch chunk by chunk (cast, sum, norm
-    while the chunk is in cache): a whole float64 copy and its square cost 4.7x as much, 61 ms
-    per observed step on the 17M-parameter GPT under DDP (benchmarks/README.md, section M).
-    The chunks depend only on the tensor's size, so equal values still give equal checksums."""
+    while in cache: `checksum_parts`): a whole float64 copy and its square cost 4.7x as much,
+    61 ms per observed step on the 17M-parameter GPT under DDP (benchmarks/README.md, section
+    M). The exact probe's snapshot pass takes the same chunks of the tensors it reads anyway
+    (`chunked_checksum`), the same way, so ranks agree whichever took it. The chunks depend
+    only on the tensor's size, so equal values still give equal checksums."""
     x = dense(t.detach())
     if x.is_complex():
         x = torch.view_as_real(x)
-    if x.device.type != "cpu" or x.numel() <= CHECKSUM_CHUNK:
+    if not chunked_checksum(x):
         x = x.to(torch.float64)
-        return x.sum() + x.square().sum() * math.sqrt(2.0)
-    flat, scratch = x.reshape(-1), torch.empty(CHECKSUM_CHUNK, dtype=torch.float64)
-    sums, norms_ = [], []
-    for at in range(0, flat.numel(), CHECKSUM_CHUNK):
-        part = flat[at:at + CHECKSUM_CHUNK]
-        buf = scratch[:part.numel()]
-        buf.copy_(part)
-        sums.append(buf.sum())
-        norms_.append(torch.linalg.vector_norm(buf))
-    return torch.stack(sums).sum() + torch.stack(norms_).square().sum() * math.sqrt(2.0)
+        return x.sum() + x.square().sum() * SQRT2
+    flat, scratch = x.reshape(-1), checksum_scratch()
+    return fold_checksum([checksum_parts(flat[at:at + CHECKSUM_CHUNK], scratch)
+                          for at in range(0, flat.numel(), CHECKSUM_CHUNK)])
+
+
+def chunked_checksum(t: torch.Tensor) -> bool:
+    """Whether `checksum` takes `t` chunk by chunk (a CPU tensor of more than one chunk).
+    Whoever offers a checksum in its place must take exactly these, chunk for chunk."""
+    return t.device.type == "cpu" and t.numel() > CHECKSUM_CHUNK
+
+
+def checksum_scratch() -> torch.Tensor:
+    """The float64 chunk a checksum's values are cast into (torch's allocation: every one
+    aligned alike, so a sum cannot round differently between two takers)."""
+    return torch.empty(CHECKSUM_CHUNK, dtype=torch.float64)
+
+
+def checksum_parts(part: torch.Tensor, scratch: torch.Tensor) -> tuple:
+    """One chunk's float64 sum and L2 norm (0-d tensors), cast through `scratch`."""
+    buf = scratch[:part.numel()]
+    buf.copy_(part)
+    return buf.sum(), torch.linalg.vector_norm(buf)
+
+
+def fold_checksum(parts: list[tuple]) -> torch.Tensor:
+    """The chunks' parts as one checksum: sum + sqrt(2) x sum of squares."""
+    sums, norms_ = zip(*parts)
+    return torch.stack(sums).sum() + torch.stack(norms_).square().sum() * SQRT2
 
 
 def row_norms(matrix: torch.Tensor) -> torch.Tensor:

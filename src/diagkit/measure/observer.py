@@ -76,6 +76,8 @@ class Observer:
         self.probe = make_probe(delta, self.local, {k for k, t in enumerate(self.tensors)
                                                     if not t.requires_grad or k not in held},
                                 sample)
+        if checksums:
+            self.probe.checksum_of = set(self.shards.fingerprinted)
         self._grad_buckets = Buckets(self.local)
         self.everything = Layout(list(range(n)), self._grad_buckets)
         plan = plan_strategies(self, self._held_by, self._handles)
@@ -219,12 +221,18 @@ class Observer:
             pending.add("carried", [st.carried[k] for k in keys["carried"]])
             pending.add("resets", [v for v in st.resets.values() if v is not None])
             pending.add("rewrites", rewrites.queued(st))
-            pending.add("checksum", [checksum(self.local[k]) for k in self.shards.fingerprinted]
-                        if self.checksums else [])
+            pending.add("checksum", self._checksums() if self.checksums else [])
             # The loss rides along with the step's one read-back instead of its own sync.
             pending.add("loss", [loss.detach().reshape(()).float()] if keys["scalar_loss"]
                         else [])
         return pending, keys
+
+    def _checksums(self) -> list[torch.Tensor]:
+        """Each fingerprinted tensor's value checksum: the probe's where its pass took it (the
+        same number), else taken here."""
+        taken = self.probe.checksums
+        return [taken[k] if k in taken else checksum(self.local[k])
+                for k in self.shards.fingerprinted]
 
     # ----------------------------------------------------------------- optimizer time
     def _optimizer_hook(self, i: int) -> Callable:

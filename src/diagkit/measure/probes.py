@@ -37,7 +37,14 @@ class Probe(Protocol):
     `attach()`, then per observed step `begin()` -> (the step runs) -> `end()` -> `resolve()`,
     and `detach()` once at the end. Between `end()` and `resolve()` the observer reads the
     `Pending` back (one host transfer for the whole step); `resolve()` returns three arrays
-    aligned with the observed tensors: (delta_norm, changed, update_ratio)."""
+    aligned with the observed tensors: (delta_norm, changed, update_ratio).
+
+    `checksum_of` (set by the observer when ranks are compared): tensors whose value checksum
+    is wanted after the step. `end()` may take some in passing, as `kernels.checksum` takes
+    them, into `checksums` (index -> value); the observer takes the rest itself."""
+
+    checksum_of: set[int]
+    checksums: dict[int, torch.Tensor]
 
     def attach(self) -> None:
         """Allocate what every step reuses (snapshot buffers, sample positions)."""

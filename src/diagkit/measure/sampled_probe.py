@@ -30,6 +30,8 @@ class FingerprintProbe:
         self.sampled = [k for k in self.big if estimate and kernels.is_float(tensors[k])]
         self.fingerprint = Fingerprinter()
         self._last: list | None = None
+        self.checksum_of: set[int] = set()
+        self.checksums: dict[int, torch.Tensor] = {}  # never taken in passing here (`Probe`)
 
     def attach(self) -> None:
         self.exact.attach()

@@ -22,6 +22,7 @@ import math
 import numpy as np
 import torch
 
+from . import kernels
 from .change_parts import nonfinite_change
 from .kernels import exact_norm
 
@@ -43,28 +44,34 @@ def fits(before: torch.Tensor, now: torch.Tensor) -> bool:
 
 class Change:
     """What one pass found: the L2 norm of the change (float64; 0 exactly when no element
-    changed, NaN equal to NaN; inf when one changed to or from NaN or inf) and the L2 norm of
-    the value now."""
+    changed, NaN equal to NaN; inf when one changed to or from NaN or inf), the L2 norm of
+    the value now, and the value's `kernels.checksum` where one was asked for (else None)."""
 
-    __slots__ = ("norm", "value")
+    __slots__ = ("norm", "value", "checksum")
 
-    def __init__(self, norm: float, value: float):
-        self.norm, self.value = norm, value
+    def __init__(self, norm: float, value: float, checksum: torch.Tensor | None = None):
+        self.norm, self.value, self.checksum = norm, value, checksum
 
     rare = property(lambda self: not 0 < self.norm < math.inf,
                     doc="0 or inf: what the float path alone could not have decided.")
 
 
 def change_and_refresh(before: torch.Tensor, now: torch.Tensor,
-                       before_had_nan: bool = False) -> Change:
+                       before_had_nan: bool = False, checksum: bool = False) -> Change:
     """`before` (a snapshot buffer) becomes `now`; returns the change from the old `before`.
     `before_had_nan`: its norm was NaN. The exact probe decides a tensor known to hold NaN
     element-wise from both values instead (`change_parts`, its `careful` set); without that
-    knowledge a chunk is decided as `nonfinite_change` decides a whole tensor."""
+    knowledge a chunk is decided as `nonfinite_change` decides a whole tensor.
+
+    `checksum`: also take `now`'s `kernels.checksum` while each chunk is in cache, where it is
+    the same number (`takes_checksum`); under a process group that was a pass of its own over
+    every value (benchmarks/README.md, "Issue 25: the checksum in the pass")."""
     b = before.detach().reshape(-1).numpy()
     a = now.detach().reshape(-1).numpy()
     parts: list[float] = []   # each chunk's change norm: combined with hypot (no overflow)
     value_sq = 0.0
+    scratch = kernels.checksum_scratch() if checksum and takes_checksum(now) else None
+    sums: list[tuple] = []
     with np.errstate(all="ignore"):  # inf - inf and overflow: decided below, not warned
         for at in range(0, b.size, CHUNK):
             x, y = b[at:at + CHUNK], a[at:at + CHUNK]
@@ -75,7 +82,16 @@ def change_and_refresh(before: torch.Tensor, now: torch.Tensor,
                          else chunk_change(x, y, before_had_nan))
             np.copyto(x, y)
             value_sq += float(np.dot(x, x))
-    return Change(math.hypot(*parts), math.sqrt(value_sq))
+            if scratch is not None:
+                sums.append(kernels.checksum_parts(torch.from_numpy(y), scratch))
+    return Change(math.hypot(*parts), math.sqrt(value_sq),
+                  kernels.fold_checksum(sums) if scratch is not None else None)
+
+
+def takes_checksum(now: torch.Tensor) -> bool:
+    """Whether the pass over `now` can give its `kernels.checksum`: the checksum goes chunk by
+    chunk there, and the pass's chunks are the checksum's (a test's tiny chunks are not)."""
+    return CHUNK == kernels.CHECKSUM_CHUNK and kernels.chunked_checksum(now)
 
 
 def chunk_change(diff: np.ndarray, now: np.ndarray, before_had_nan: bool) -> float:
