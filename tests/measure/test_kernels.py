@@ -321,3 +321,29 @@ def test_fingerprint_structured_edits_that_cancelled_in_pairs(chunk):
         raw[3] ^= 1 << bit if bit < 31 else -2**31
         raw[9] ^= 1 << bit if bit < 31 else -2**31
         assert _print(fp, raw.view(torch.float32)) != _print(fp, big), bit
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int8])
+def test_fingerprint_on_the_cpu_is_the_exact_one_whichever_blas_sums(dtype, monkeypatch):
+    """The CPU's row sums go through numpy's BLAS, elsewhere torch's: with integer inputs and
+    sums below 2^53 both are exact, so a print is the same number on every device. Checked
+    against torch's product on random bit patterns (whole chunks, a short last chunk, one
+    element) and on the extreme word -2^15 everywhere."""
+    from diagkit.measure import fingerprint
+
+    def bits(n: int, fill: int | None = None) -> torch.Tensor:
+        """n elements of `dtype` made of random (or `fill`) 16-bit words, or int8 bytes."""
+        size = n * max(1, torch.empty(0, dtype=dtype).element_size() // 2)
+        if dtype == torch.int8:
+            return torch.randint(-128, 128, (n,), generator=gen, dtype=torch.int8)
+        words = (torch.full((size,), fill, dtype=torch.int16) if fill is not None else
+                 torch.randint(-2**15, 2**15, (size,), generator=gen, dtype=torch.int16))
+        return words.view(dtype)
+
+    gen = torch.Generator().manual_seed(3)
+    tensors = [bits(n) for n in (1, Fingerprinter.CHUNK + 17, 2 * Fingerprinter.CHUNK)]
+    tensors.append(bits(70_000, fill=-2**15))
+    numpy_prints = [_print(Fingerprinter(), t) for t in tensors]
+    monkeypatch.setattr(fingerprint, "_product",
+                        lambda device: lambda a, b, out: torch.mm(a, b, out=out))
+    assert [_print(Fingerprinter(), t) for t in tensors] == numpy_prints

@@ -6,6 +6,7 @@ gives the reasoning.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .kernels import dense
@@ -110,18 +111,18 @@ class Fingerprinter:
         full = n // per
         whole = words[:full * per].view(full, per)
         square, slots = scratch.view(rows, width), table.view(self.GROUP, rows, -1)
+        mm = _product(device)
         for g0 in range(0, chunks, self.GROUP):
             g1 = min(chunks, g0 + self.GROUP)
             for c in range(g0, min(g1, full)):  # the loop that matters: two kernels a chunk
                 scratch.copy_(whole[c])
-                torch.mm(square, cols, out=slots[c - g0])
+                mm(square, cols, slots[c - g0])
             if g1 > full:  # the last chunk, short: its last row padded with zero words
                 k = n - full * per
                 used = -(-k // width)
                 scratch[k:used * width].zero_()
                 scratch[:k].copy_(words[full * per:])
-                torch.mm(scratch[:used * width].view(used, width), cols,
-                         out=slots[full - g0, :used])
+                mm(scratch[:used * width].view(used, width), cols, slots[full - g0, :used])
                 slots[full - g0, used:].zero_()
             sums = table[:(g1 - g0) * rows].to(torch.int64)  # exact: integers below 2^53
             lane_sums += sums[:, HASHES:].sum(0)
@@ -144,3 +145,14 @@ class Fingerprinter:
         self._weights.clear()
         self._chunks.clear()
         self._scratch.clear()
+
+
+def _product(device: torch.device):
+    """`out <- a @ b` for a chunk's row sums. On the CPU through numpy (views of the same
+    memory): this skinny product ((64, 2048) x (2048, 5) in float64) takes ~40 us in torch's
+    BLAS and ~10 us in numpy's, whatever else the machine runs (benchmarks/README.md, "Issue 25:
+    the fingerprint's product"). Its inputs are integers and every sum stays below 2^53, so
+    both give the same exact numbers."""
+    if device.type != "cpu":
+        return lambda a, b, out: torch.mm(a, b, out=out)
+    return lambda a, b, out: np.dot(a.numpy(), b.numpy(), out=out.numpy())
