@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import warnings
 
 
 def time_zero(build, kind: str, cfg: dict, rounds: int, k: int) -> dict:
@@ -26,6 +27,9 @@ def time_zero(build, kind: str, cfg: dict, rounds: int, k: int) -> dict:
     import diagkit
     from watch_time import timed_steps
 
+    # DeepSpeed's ZeRO-3 calls torch collectives torch deprecates, once a step each: hundreds of
+    # FutureWarnings over the section that say nothing about diagkit or the figures.
+    warnings.filterwarnings("ignore", r"`torch\.distributed\.\w+` is deprecated", FutureWarning)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         model, opt, batch_fn, loss_fn = build(kind, cfg)
