@@ -149,10 +149,10 @@ class Fingerprinter:
 
 def _product(device: torch.device):
     """`out <- a @ b` for a chunk's row sums. On the CPU through numpy (views of the same
-    memory): this skinny product ((64, 2048) x (2048, 5) in float64) takes ~40 us in torch's
-    BLAS and ~10 us in numpy's, whatever else the machine runs (benchmarks/README.md, "Issue 25:
-    the fingerprint's product"). Its inputs are integers and every sum stays below 2^53, so
-    both give the same exact numbers."""
+    memory): this skinny product ((64, 2048) x (2048, 5) in float64) takes ~170 us in torch's
+    BLAS and ~40 us in numpy's, whatever else the machine runs (benchmarks/README.md, "Issue 25,
+    later"). Its inputs are integers and every sum stays below 2^53, so both give the same
+    exact numbers."""
     if device.type != "cpu":
         return lambda a, b, out: torch.mm(a, b, out=out)
     return lambda a, b, out: np.dot(a.numpy(), b.numpy(), out=out.numpy())

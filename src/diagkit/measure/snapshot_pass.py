@@ -65,7 +65,7 @@ def change_and_refresh(before: torch.Tensor, now: torch.Tensor,
 
     `checksum`: also take `now`'s `kernels.checksum` while each chunk is in cache, where it is
     the same number (`takes_checksum`); under a process group that was a pass of its own over
-    every value (benchmarks/README.md, "Issue 25: the checksum in the pass")."""
+    every value (benchmarks/README.md, "Issue 25, later")."""
     b = before.detach().reshape(-1).numpy()
     a = now.detach().reshape(-1).numpy()
     parts: list[float] = []   # each chunk's change norm: combined with hypot (no overflow)
