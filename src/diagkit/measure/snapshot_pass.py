@@ -24,7 +24,6 @@ import torch
 
 from . import kernels
 from .change_parts import nonfinite_change
-from .kernels import exact_norm
 
 CHUNK = 1 << 16  # elements: 256 KiB of float32 per operand, both operands stay in L2
 DTYPES = (torch.float32, torch.float64)  # numpy's own: float16 sums badly, bfloat16 is absent
@@ -101,7 +100,7 @@ def chunk_change(diff: np.ndarray, now: np.ndarray, before_had_nan: bool) -> flo
     d, n = torch.from_numpy(diff), torch.from_numpy(now)
     if np.isnan(diff).any():
         return nonfinite_change(d, n, before_had_nan)[1]
-    return exact_norm(d)
+    return kernels.exact_norm(d)
 
 
 def buffers(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
