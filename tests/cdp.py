@@ -54,9 +54,9 @@ class Browser:
             try:
                 self._start()
                 return self
-            except _Exited:
-                self.close()  # a Chromium that died at start-up (seen under a loaded suite):
-                if attempt == 2:  # one fresh launch, then the failure stands
+            except _NotStarted:
+                self.close()  # a Chromium that died or hung at start-up (both seen under a
+                if attempt == 2:  # loaded suite): one fresh launch, then the failure stands
                     raise
             except BaseException:
                 self.close()
@@ -76,8 +76,11 @@ class Browser:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env=chromium_env(self._profile))
         port_file = Path(self._profile) / "DevToolsActivePort"
-        _poll(lambda: self._alive() and port_file.exists() and port_file.read_text().strip(),
-              60, "Chromium did not open its debugging port")
+        try:
+            _poll(lambda: self._alive() and port_file.exists() and port_file.read_text().strip(),
+                  60, "Chromium did not open its debugging port")
+        except CDPError as exc:  # alive but silent: as good as dead, launched afresh
+            raise _NotStarted(str(exc)) from exc
         port = int(port_file.read_text().split()[0])
         pages = _poll(lambda: [t for t in _json(f"http://127.0.0.1:{port}/json/list")
                                if t.get("type") == "page"], 30, "Chromium shows no page")
@@ -233,7 +236,11 @@ def _json(url: str):
         return json.loads(response.read())
 
 
-class _Exited(RuntimeError):
+class _NotStarted(RuntimeError):
+    """The browser did not come up: it hung without opening its debugging port."""
+
+
+class _Exited(_NotStarted):
     """The browser process ended by itself while it was being waited for."""
 
 
