@@ -171,3 +171,56 @@ def test_a_buffer_that_requires_grad_is_named_by_its_buffer_path():
             return self.fc(x) * self.bank
     diag = run(Buffered())
     assert unregistered(diag) == {"bank"}
+
+
+def fgsm_step(model, opt, x, y, eps=0.05):
+    """One FGSM adversarial-training step: the input's gradient makes the attack, then the
+    model trains on the attacked input."""
+    x = x.clone().requires_grad_()  # a fresh leaf each step: an input, not state
+    model.zero_grad()
+    mse_loss(model, x).backward()
+    x_adv = (x + eps * x.grad.sign()).detach()
+    opt.zero_grad()
+    loss = (model(x_adv) - y).pow(2).mean()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def test_an_fgsm_loop_is_clean_under_watch_and_diagnose():
+    """The attacked input requires grad and gets a gradient every step, outside the model's
+    forward arguments once (`x * 1` style use is common too): made during the step, never
+    unregistered."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    y = torch.zeros(6, 3)
+
+    def attack_inside_the_loss(i):  # the leaf enters through an op, not as the argument
+        x = fixed_batch().clone().requires_grad_()
+        model.zero_grad()
+        (model(x * 1.0) - y).pow(2).mean().backward()
+        return fgsm_step(model, opt, (x + 0.05 * x.grad.sign()).detach(), y)
+
+    w = diagkit.watch(model, opt, steps=3)
+    for _ in range(3):
+        fgsm_step(model, opt, fixed_batch(), y)
+    assert w.diagnosis.findings == [] and not unregistered(w.diagnosis)
+    diag = diagkit.diagnose(model, opt, train_step=attack_inside_the_loss, steps=3)
+    assert not unregistered(diag) and len(diag.params) == 4
+    assert set().union(*diag.verdicts().values()) == {"ok"}
+
+
+def test_a_tensor_reused_across_steps_outside_the_model_is_unregistered():
+    """A universal perturbation kept across steps and trained by nothing: not on the model,
+    not an argument of its forward, yet the same object every step: state, so unregistered
+    (from the step it is met again)."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    delta = torch.zeros(6, 4, requires_grad=True)
+    diag = diagkit.diagnose(model, opt, batch_fn=fixed_batch,
+                            loss_fn=lambda m, b: mse_loss(m, b + delta), steps=3)
+    [name] = unregistered(diag)
+    assert name.startswith("<unregistered #0 (6, 4)")
+    assert list(diag.steps[diag.steps["name"] == name]["step"]) == [1, 2]

@@ -7,13 +7,16 @@ that receives a gradient is an `AccumulateGrad` node reachable from the loss.
 
 The graph is walked (one pass over its nodes) on the first observed step, then only on a step
 whose set of used inventory tensors differs from the last walk's (a cheap signature of the
-graph: a data-dependent branch may bring new leaves). Its roots: the loss `end_step` is given
-(if it has a `grad_fn`) and the outputs of the model's forward calls during the step (a forward
-hook on the root module: how `watch`, which never sees the loss, finds them).
+graph: a data-dependent branch may bring new leaves), or while a leaf of an earlier step is
+still alive. Its roots: the loss `end_step` is given (if it has a `grad_fn`) and the outputs of
+the model's forward calls during the step (a forward hook on the module the loop calls: how
+`watch`, which never sees the loss, finds them; it does nothing where dynamo traces it).
 
-Not counted: the inventory's tensors (the model's and the optimizers'), and tensors the
-model's forward is called with (its arguments: inputs, which may require grad on purpose, as
-for saliency maps or adversarial examples). A tensor found is named by where it lives among
+Not counted: the inventory's tensors (the model's and the optimizers'), tensors the model's
+forward is called with (its arguments: inputs, which may require grad on purpose, as for
+saliency maps or adversarial examples), and every tensor made during the step: only state is
+unregistered (`step_graph.Persistence`: on the model before observing began, or the same
+object reached again on a later step). A tensor found is named by where it lives among
 the model's plain attributes (`cells[0].weight_ih`, `mem_keys`, `memory['keys']`), else
 `<unregistered #k shape dtype>`. From the step after it was found it is measured like any
 tensor (used by a post-accumulate hook, norms, change); its discovery step records it used,
@@ -24,104 +27,30 @@ from __future__ import annotations
 
 import itertools
 import time
-import types
 import warnings
-from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 import torch
 
 from ..core.schema import BOOL_STEP_COLUMNS, STEPS_COLUMNS
+from .attribute_paths import find_paths
 from .kernels import checksum
+from .step_graph import Persistence, graph_leaves, nested_tensors
 
-_MODULE_KEYS = frozenset(vars(torch.nn.Module()))  # nn.Module's own bookkeeping attributes
-_DEPTH, _BUDGET, _ROOTS = 6, 50_000, 16
-
-
-def graph_leaves(roots) -> list[torch.Tensor]:
-    """The leaves (AccumulateGrad variables) reachable from `roots` (grad_fn nodes), once each."""
-    seen, stack, found = set(), [r for r in roots if r is not None], []
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        variable = getattr(node, "variable", None)
-        if isinstance(variable, torch.Tensor):
-            found.append(variable)
-        stack.extend(n for n, _ in getattr(node, "next_functions", ()) if n is not None)
-    return found
-
-
-def find_paths(model: torch.nn.Module | None, wanted: set[int]) -> dict[int, tuple[str, str, str]]:
-    """id -> (path, owning module's path, its class name) for the tensors of `wanted` reachable
-    through the model's plain attributes (lists, tuples, dicts, plain objects, modules that are
-    not registered), with a depth bound and a cycle guard."""
-    found: dict[int, tuple[str, str, str]] = {}
-    if model is None or not wanted:
-        return found
-    seen: set[int] = set()
-
-    def module(mod, path, depth):
-        for sub_path, sub in mod.named_modules(remove_duplicate=False):
-            where = _join(path, sub_path)
-            # An unregistered module's own parameters are unregistered too; a buffer that
-            # requires grad is one anywhere.
-            for key, p in [*(sub._parameters.items() if path else ()), *sub._buffers.items()]:
-                if p is not None and id(p) in wanted:
-                    found.setdefault(id(p), (_join(where, key), where, type(sub).__name__))
-            for key, value in vars(sub).items():
-                if key not in _MODULE_KEYS:
-                    walk(value, _join(where, key), where, sub, depth + 1)
-
-    def walk(value, path, owner_path, owner, depth):
-        if depth > _DEPTH or id(value) in seen or len(seen) > _BUDGET:
-            return
-        seen.add(id(value))
-        if isinstance(value, torch.Tensor):
-            if id(value) in wanted:
-                found.setdefault(id(value), (path, owner_path, type(owner).__name__))
-        elif isinstance(value, torch.nn.Module):
-            module(value, path, depth)
-        elif isinstance(value, Mapping):
-            for k, v in list(value.items()):
-                walk(v, f"{path}[{k!r}]", owner_path, owner, depth + 1)
-        elif isinstance(value, (list, tuple)):
-            for i, v in enumerate(value):
-                walk(v, f"{path}[{i}]", owner_path, owner, depth + 1)
-        elif not isinstance(value, (type, types.ModuleType, types.FunctionType,
-                                    types.MethodType)):
-            try:  # a plain object; one whose attributes cannot be listed is left alone
-                items = list(vars(value).items())
-            except Exception:
-                return
-            for k, v in items:
-                walk(v, f"{path}.{k}", owner_path, owner, depth + 1)
-
-    module(model, "", 0)
-    return found
-
-
-def _join(a: str, b: str) -> str:
-    return f"{a}.{b}" if a and b else a or b  # a dotted path; '' is the root
-
-
-def _nested_tensors(value, depth: int = 0):
-    """The tensors in a forward's arguments or output (nested lists, tuples, dicts, ModelOutput)."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif depth < 3 and isinstance(value, (Mapping, list, tuple)):
-        for v in (value.values() if isinstance(value, Mapping) else value):
-            yield from _nested_tensors(v, depth + 1)
+_ROOTS = 16  # outputs of one forward taken as roots of the graph
 
 
 class Unregistered:
     """Finds the unregistered leaves of observed steps and measures them from then on
     (owned by an `Observer`, or by a `MetaPass` with `meta=True`: no values read)."""
 
-    def __init__(self, inventory, checksums: bool = False, meta: bool = False):
+    def __init__(self, inventory, checksums: bool = False, meta: bool = False, entry=None):
         self.model = getattr(inventory, "model", None)
+        # The module whose forward hook sees the outputs: the one the loop calls, which runs
+        # eagerly (a `torch.compile` wrapper, not the module it compiles).
+        self.entry = self.model if entry is None else entry
+        self.persistence = Persistence(self.model)
         self.known = {id(t) for t in inventory.tensors}
         self.checksums, self.meta = checksums, meta
         self.tensors: list[torch.Tensor] = []
@@ -138,15 +67,21 @@ class Unregistered:
         self._before: list = []
 
     def attach(self, handles: list) -> None:
-        """The forward hook that sees the graph's roots; `handles` are removed by the owner."""
+        """The forward hook that sees the graph's roots; `handles` are removed by the owner.
+        None on a module compiled in place (`module.compile()`): its hooks would run inside
+        the compiled frame, so the graph is then walked from the loss only."""
         self._handles = handles
-        if self.model is not None:
-            handles.append(self.model.register_forward_hook(self._forward, with_kwargs=True))
+        self.persistence.take_before()
+        if isinstance(self.entry, torch.nn.Module) and \
+                getattr(self.entry, "_compiled_call_impl", None) is None:
+            handles.append(self.entry.register_forward_hook(self._forward, with_kwargs=True))
 
     def _forward(self, _module, args, kwargs, output):
-        if self.active:  # arguments are inputs; the output's grad_fns are roots of the graph
-            self._inputs.update(id(t) for t in _nested_tensors((args, kwargs)))
-            outputs = itertools.islice(_nested_tensors(output), _ROOTS)
+        # Traced by dynamo (a compiled caller of this module), it is nothing: no graph break.
+        if self.active and not torch.compiler.is_compiling():
+            # arguments are inputs; the output's grad_fns are roots of the graph
+            self._inputs.update(id(t) for t in nested_tensors((args, kwargs)))
+            outputs = itertools.islice(nested_tensors(output), _ROOTS)
             self._roots.extend(t.grad_fn for t in outputs if t.grad_fn is not None)
 
     def begin(self) -> None:
@@ -170,7 +105,8 @@ class Unregistered:
         if isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
             self._roots.append(loss.grad_fn)
         signature = np.asarray(used, dtype=bool).tobytes()
-        if self._roots and signature != self._signature:
+        # Walked again while a leaf of an earlier step lives on: this step may reuse it.
+        if self._roots and (signature != self._signature or self.persistence.pending()):
             self._signature = signature
             try:
                 self._discover()
@@ -191,8 +127,13 @@ class Unregistered:
         # FSDP1's flat parameters stand for the model's own tensors (`measure.fsdp1`)
         new = [t for t in graph_leaves(self._roots) if id(t) not in taken and t.requires_grad
                and (t.grad is not None or self.meta) and not getattr(t, "_is_flat_param", False)]
-        new = list({id(t): t for t in new}.values())
-        paths = find_paths(self.model, {id(t) for t in new}) if new else {}
+        # Only state: a leaf made during the step (an activation made to require grad, an
+        # adversarial input) is never unregistered, kept or copied (`step_graph.Persistence`).
+        new = self.persistence.sort(list({id(t): t for t in new}.values()))
+        paths = {id(t): self.persistence.where_before(t) for t in new}
+        later = {k for k, where in paths.items() if where is None}
+        paths.update(find_paths(self.model, later) if later else {})
+        paths = {k: where for k, where in paths.items() if where is not None}
         new.sort(key=lambda t: (id(t) not in paths, paths.get(id(t), ("",))[0]))
         for t in new:
             name, module, module_type = paths.get(id(t)) or (
