@@ -31,12 +31,16 @@ Prints a table with each measured ratio beside its goal and writes everything to
      same engine's plain step (group_time.py).
   N. `diagkit check` of the 70B LLaMA + LoRA demo with `--meta`: wall time and peak RSS of a
      fresh process (meta_time.py).
+  O. a LoRA fine-tune (r=8 on q/v, peft) of an 8-layer Llama: extra peak RSS per delta mode,
+     watched step against plain (A/A control), and the 70B LoRA plan's snapshot bytes on meta
+     (lora_time.py; issue 35).
   E. with --device cuda: the ~350M-parameter GPT on the GPU (step ratio per delta mode, host
      syncs and device bytes allocated per observed step, peak device memory per mode).
 
 Step time is measured for each delta mode (exact, sampled, off); the goal applies to exact.
 
-`--quick` shrinks everything to a few seconds (smoke use). `--profile` adds a cProfile of the
+`--quick` shrinks everything to a few seconds (smoke use). `--only SECTION` (repeatable) runs
+those sections alone (every other one skipped), e.g. `--only lora`. `--profile` adds a cProfile of the
 observed step (the hot spots are printed and stored in the JSON).
 """
 
@@ -725,18 +729,24 @@ def _mark(value: float, goal: float) -> str:
     return "met" if value <= goal else "NOT met"
 
 
+SECTIONS = ["time", "watch", "fsdp", "zero", "memory", "report", "stride", "import", "whole",
+            "live", "call", "group", "meta", "lora"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
     ap.add_argument("--profile", action="store_true", help="cProfile the observed step")
     ap.add_argument("--out", default="out/bench.json", help="JSON output path")
-    ap.add_argument("--skip", action="append", default=[],
-                    choices=["time", "watch", "fsdp", "zero", "memory", "report", "stride", "import",
-                             "whole", "live", "call", "group", "meta"])
+    ap.add_argument("--skip", action="append", default=[], choices=SECTIONS)
+    ap.add_argument("--only", action="append", default=[], choices=SECTIONS,
+                    help="run only this section (repeatable): every other one is skipped")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: the ~350M-parameter GPT variant on the GPU (time and memory)")
     ap.add_argument("--_memory-child", dest="memory_child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.only:
+        args.skip = sorted(set(args.skip) | (set(SECTIONS) - set(args.only)))
 
     if args.memory_child:
         spec = json.loads(args.memory_child)
@@ -898,6 +908,11 @@ def main(argv=None) -> int:
             print("[meta] the 70B LLaMA + LoRA demo, --meta ...", file=sys.stderr, flush=True)
             result["meta"] = time_meta(runs=1 if args.quick else 3)
             lines += meta_lines(result["meta"])
+    if "lora" not in args.skip and importlib.util.find_spec("peft") is None:
+        lines.append(("the LoRA Llama (O)", "skipped: peft is not installed", "-", "-"))
+    elif "lora" not in args.skip:
+        with _guarded(lines, "lora", result, out_path):
+            lines += _lora_lines(args.quick, result)
     if "live" not in args.skip:
         with _guarded(lines, "live", result, out_path):
             from live_time import live_lines, time_live
@@ -942,6 +957,19 @@ def _import_lines(sz: dict, result: dict) -> list[tuple]:
             ("  first use of diagkit.watch, after the first optimizer was built",
              f"{imp['watch_first_use_s']:.2f} s (the observing code, pandas; the "
              f"optimizer itself {imp['first_optimizer_s']:.2f} s)", "-", "-")]
+
+
+def _lora_lines(quick: bool, result: dict) -> list[tuple]:
+    """Section O: the LoRA fine-tune's memory, step time and 70B plan (`result["lora"]`)."""
+    from lora_time import lora_lines, lora_memory, plan_70b, time_lora
+    r = result["lora"] = {}
+    print("[lora] memory per mode ...", file=sys.stderr, flush=True)
+    r["memory"] = lora_memory(quick)
+    print("[lora] step time ...", file=sys.stderr, flush=True)
+    r["time"] = time_lora(quick, rounds=2 if quick else 5)
+    print("[lora] the 70B plan on meta ...", file=sys.stderr, flush=True)
+    r["plan_70b"] = plan_70b()
+    return lora_lines(r, GOALS["memory_constant_mb"])
 
 
 def _whole_run_lines(sz: dict, result: dict) -> list[tuple]:

@@ -81,6 +81,14 @@ def masked_inf():
                      loss=lambda m, b: m(b)[:, 0].sum(), steps=2)
 
 
+def masked_inf_held():
+    """The masked head with its inf mask held by the optimizer: snapshotted in exact mode
+    (held by none, it is fingerprinted: docs/cost.md)."""
+    model = MaskedHead()
+    return _standard(model, torch.optim.SGD(model.parameters(), lr=0.05),
+                     loss=lambda m, b: m(b)[:, 0].sum(), steps=2)
+
+
 def norm_decay():
     model = NormNet()
     return _standard(model, torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1))
@@ -215,7 +223,11 @@ def test_modes_give_the_verdicts_of_exact_mode(build, mode, exact_runs):
         assert b["delta_norm"].isna().all() and b["update_ratio"].isna().all()
     else:
         small = b["name"].map(dict(zip(other.params["name"], other.params["numel"]))) <= SAMPLE
-        np.testing.assert_array_equal(a.loc[small, "delta_norm"], b.loc[small, "delta_norm"])
+        # Snapshots in both, though not always through the same kernels: exact mode
+        # fingerprints a frozen tensor no optimizer holds, so a small one may sit in no bucket
+        # group there and in one here (float32 rounding of the norm).
+        np.testing.assert_allclose(a.loc[small, "delta_norm"], b.loc[small, "delta_norm"],
+                                   rtol=1e-6)
         # Never 0 for a change: an estimate, or NaN where the change missed the sample.
         moved = b.loc[b["changed"], "delta_norm"]
         assert (moved.isna() | (moved > 0)).all()
@@ -242,7 +254,7 @@ def test_unhooked_standard_loop_measures_what_hooks_measure(build, exact_runs):
     assert hooked.verdicts() == exact_runs[build.__name__].verdicts()
 
 
-@pytest.mark.parametrize("build", [masked_inf, nonfinite], ids=lambda b: b.__name__)
+@pytest.mark.parametrize("build", [masked_inf_held, nonfinite], ids=lambda b: b.__name__)
 def test_a_nan_change_is_decided_with_the_steps_read_back(build, monkeypatch):
     """A tensor holding inf or NaN makes before - after NaN. Known to hold them (from the norms
     read back at attach, then from step to step), it is decided element by element in `end()`

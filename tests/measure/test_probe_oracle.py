@@ -8,8 +8,9 @@ the oracle, as docs/cost.md, "Cost of observation", states it:
 
 - `changed`: any element differs, NaN equal to NaN, +0.0 equal to -0.0 (a snapshot: exact
   mode, and tensors of at most `sample` elements in the other modes); bitwise for the
-  fingerprinted tensors of `sampled`/`off` (+0.0 -> -0.0 and a NaN payload count). Never
-  missed: the fingerprint's chance to miss is below 2^-73, far beyond what a test can see.
+  fingerprinted tensors of `sampled`/`off` and for integers and bool in every mode (+0.0 ->
+  -0.0 and a NaN payload count). Never missed: the fingerprint's chance to miss is below
+  2^-73, far beyond what a test can see.
 - `delta_norm` (snapshots): 0 when unchanged, inf when a value changed to or from NaN or inf,
   else the float64 norm of the change. `sampled`, fingerprinted: the sample's own change norm
   scaled by sqrt(numel / sample), NaN when the change missed the sample (and for dtypes that
@@ -161,7 +162,10 @@ def oracle_change(before: torch.Tensor, after: torch.Tensor) -> tuple[bool, floa
 
 def bits_differ(before: torch.Tensor, after: torch.Tensor) -> bool:
     view = BITS[1] if before.element_size() == 1 else torch.uint8
-    return not torch.equal(before.contiguous().view(view), after.contiguous().view(view))
+
+    def flat(t):  # a fresh contiguous copy (one element keeps its stride in a plain clone)
+        return t.reshape(-1).clone(memory_format=torch.contiguous_format).view(view)
+    return not torch.equal(flat(before), flat(after))
 
 
 def run_step(probe, ts, edit_list, consecutive):
@@ -193,13 +197,16 @@ def rel(dtype: torch.dtype) -> float:
 
 def check(mode, probe, ts, before, delta, changed):
     for k, (b, a) in enumerate(zip(before, ts)):
-        snap = mode == "exact" or a.numel() <= SAMPLE
+        code = not (a.dtype.is_floating_point or a.dtype.is_complex)  # always fingerprinted
+        snap = (mode == "exact" or a.numel() <= SAMPLE) and not code
         want_changed, want_delta = oracle_change(b, a)
         if not snap:
             want_changed = bits_differ(b, a)
         assert changed[k] == want_changed, (mode, k, b, a)
         if mode == "off":
             assert math.isnan(delta[k]), (mode, k)  # changed only: no norm is taken
+        elif mode == "exact" and code:  # an unchanged print: 0; a changed one: not measured
+            assert delta[k] == 0.0 if not want_changed else math.isnan(delta[k]), (k, b, a)
         elif snap:
             if math.isinf(want_delta) or want_delta == 0:
                 assert delta[k] == want_delta, (mode, k, b, a, delta[k])

@@ -22,6 +22,10 @@ DEFAULTS = {
     "timeout": 120,    # seconds before a run is ended (any nproc); watch: for the ranks
     "fail_on": "error",
     "meta": False,     # a dry run of the wiring on the meta device (one pass, no values)
+    # delta="exact" on CUDA: the snapshots may take at most this fraction of the device's
+    # free memory (torch.cuda.mem_get_info, when the observer attaches); past it the largest
+    # tensors are fingerprinted instead (docs/cost.md, "Cost of observation").
+    "memory_budget": 0.25,
 }
 
 HELP = {
@@ -37,6 +41,10 @@ HELP = {
     "meta": "build the target on the meta device and run one forward and backward: the "
             "wiring verdicts with no parameter memory; verdicts that need values are reported "
             "as not measured",
+    "memory_budget": "delta=exact on CUDA: the snapshot buffers may take at most this fraction "
+                     "(0 to 1) of the device's free memory; past it the largest tensors are "
+                     "checked by fingerprint instead (exact changed, no change norm), and a "
+                     "line is logged",
     "try_fix": "also apply each finding's fix to a fresh copy of the setup in memory, rerun "
                "the same steps and show the verdicts before -> after (exit code: the fixed "
                "run's)",
@@ -63,6 +71,14 @@ def delta_mode(value, label: str = "delta", error: type[Exception] = DiagkitErro
     return value
 
 
+def fraction(value, label: str = "memory_budget", error: type[Exception] = DiagkitError):
+    """`value` if it is a number from 0 to 1 (a bool is not), else `error` naming `label`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise error(f"{label} must be a fraction of the free device memory, from 0 to 1, "
+                    f"got {value!r}")
+    return value
+
+
 # Options with a check beyond their type, by name; the notebook's parameters of these names get
 # the same check as the library's arguments and the CLI's flags.
 CHECKS = {
@@ -73,6 +89,7 @@ CHECKS = {
     "nproc": positive_int,
     "timeout": positive_int,
     "delta": delta_mode,
+    "memory_budget": fraction,
 }
 
 

@@ -117,6 +117,13 @@ class ExactProbe:
         self._groups = []
         self.buckets.clear()
 
+    def allocated_bytes(self) -> int:
+        """The bytes of the snapshot buffers `attach()` allocated (each group's one or two
+        matrices, the ungrouped tensors' buffers): what this probe keeps between steps."""
+        groups = sum(g.cur.nbytes + (g.spare.nbytes if g.spare is not None else 0)
+                     for g in self._groups)
+        return groups + sum(b.nbytes for b in self._before if b is not None)
+
     def begin(self, consecutive: bool = False) -> None:
         primed, self._primed = self._primed, False
         if consecutive and primed:  # nothing ran since `attach()` took the snapshot

@@ -55,7 +55,8 @@ class Observer:
     def __init__(self, inventory: Inventory, optimizers: list[torch.optim.Optimizer], *,
                  delta: str = DEFAULTS["delta"], sample: int = DEFAULTS["sample"],
                  checksums: bool = False, on_progress: Callable | None = None,
-                 loop: LoopFacts = LoopFacts(), step_ends: bool = False):
+                 loop: LoopFacts = LoopFacts(), step_ends: bool = False,
+                 memory_budget: float = DEFAULTS["memory_budget"]):
         self.inv, self.tensors, self.optimizers = inventory, inventory.tensors, optimizers
         self.n = n = len(self.tensors)
         self.checksums, self.on_progress, self.loop = checksums, on_progress, loop
@@ -73,9 +74,11 @@ class Observer:
         held = {int(k) for ks in self._held_by for k in ks}
         # What is measured of each tensor: itself, or this rank's shard of a DTensor (FSDP2).
         self.shards, self.sharded, self.local = measured_parts(self.tensors, inventory.slices)
-        self.probe = make_probe(delta, self.local, {k for k, t in enumerate(self.tensors)
-                                                    if not t.requires_grad or k not in held},
-                                sample)
+        self.probe = make_probe(
+            delta, self.local, {k for k, t in enumerate(self.tensors)
+                                if not t.requires_grad or k not in held}, sample,
+            frozen={k for k, t in enumerate(self.tensors)  # fingerprinted, not copied
+                    if not t.requires_grad and k not in held}, memory_budget=memory_budget)
         if checksums:
             self.probe.checksum_of = set(self.shards.fingerprinted)
         self._grad_buckets = Buckets(self.local)

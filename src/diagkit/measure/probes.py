@@ -1,8 +1,10 @@
 """How a step's change of each tensor is measured: the `delta=` modes.
 
-- `exact` (default): a snapshot buffer per tensor, allocated once and reused every step; the
-  change is `before - after` computed in place. Exact `changed` and `delta_norm`; extra memory
-  1x the tensors' bytes.
+- `exact` (default): a snapshot buffer per tensor that can train (an optimizer holds it or it
+  requires grad), allocated once and reused every step; the change is `before - after`
+  computed in place. Exact `changed` and `delta_norm`; extra memory 1x those tensors' bytes.
+  The frozen rest (held by no optimizer, not requiring grad) and integer or quantised storage
+  are fingerprinted: exact `changed`, no copy (`diagkit.measure.split_probe`).
 - `sampled`: for models that do not fit twice. Tensors of at most `sample` elements are
   snapshotted as in exact mode; larger ones get an integer fingerprint of their bits (exact
   changed/unchanged, see `diagkit.measure.fingerprint`) and a fixed random sample of `sample`
@@ -10,6 +12,9 @@
   is at most about `sample * 12` bytes per tensor, whatever its size.
 - `off`: as `sampled` without the samples: `delta_norm` and `update_ratio` are NaN,
   `changed` stays exact. Extra memory: only the small tensors' copies.
+
+In every mode a tensor on the meta device is never read (it has no values): NaN norms,
+`changed` False.
 
 Every verdict reads `changed`, never the size of the change, so all three modes give the
 same verdicts. A probe does not sync with the device during a step: `end()` queues device
@@ -27,9 +32,9 @@ import numpy as np
 import torch
 
 from ..core.options import DEFAULTS, delta_mode
-from .exact_probe import ExactProbe
 from .readback import Pending
 from .sampled_probe import FingerprintProbe
+from .split_probe import SplitProbe
 
 
 class Probe(Protocol):
@@ -63,12 +68,18 @@ class Probe(Protocol):
     def detach(self) -> None:
         """Free everything `attach()` allocated."""
 
+    def allocated_bytes(self) -> int:
+        """The bytes of the buffers `attach()` allocated and every step reuses."""
+
 
 def make_probe(mode: str, tensors: list[torch.Tensor], likely_static: set[int],
-               sample: int = DEFAULTS["sample"]) -> Probe:
+               sample: int = DEFAULTS["sample"], frozen: set[int] = frozenset(),
+               memory_budget: float = DEFAULTS["memory_budget"]) -> Probe:
     """The probe of a `delta=` mode. `likely_static`: tensors whose change is expected to be
-    exactly zero (frozen, or held by no optimizer), checked for it in the step's read-back."""
+    exactly zero (frozen, or held by no optimizer), checked for it in the step's read-back.
+    `frozen`: held by no optimizer and not requiring grad, which exact mode fingerprints
+    instead of copying; `memory_budget`: exact mode's share of a CUDA device's free memory."""
     delta_mode(mode, error=ValueError)
     if mode == "exact":
-        return ExactProbe(tensors, range(len(tensors)), likely_static)
+        return SplitProbe(tensors, set(frozen), likely_static, memory_budget)
     return FingerprintProbe(tensors, likely_static, sample, estimate=mode == "sampled")

@@ -9,7 +9,7 @@ import torch
 from . import kernels
 from .change_parts import row_change_norms
 from .exact_probe import ExactProbe
-from .fingerprint import Fingerprinter
+from .fingerprint import Prints, stored_as_code
 from .readback import Pending
 
 
@@ -17,24 +17,27 @@ class FingerprintProbe:
     """`sampled` (estimate=True) and `off`: bounded memory, exact `changed`.
 
     Tensors of at most `sample` elements are snapshotted exactly (cheaper than hashing many
-    small tensors one by one); larger ones are fingerprinted, and sampled when estimating.
+    small tensors one by one); larger ones, and integer and quantised storage of any size,
+    are fingerprinted, and float ones sampled when estimating. Meta tensors are never read.
     """
 
     def __init__(self, tensors, likely_static: set[int], sample: int, estimate: bool):
         self.tensors = tensors
         self.sample = sample
         self.estimate = estimate
-        small = [k for k, t in enumerate(tensors) if t.numel() <= sample]
+        # A meta tensor has no values: in no list, its row stays NaN / unchanged.
+        real = [k for k, t in enumerate(tensors) if t.device.type != "meta"]
+        small = [k for k in real if snapshotted(tensors[k], sample)]
         self.exact = ExactProbe(tensors, small, likely_static)
-        self.big = [k for k, t in enumerate(tensors) if t.numel() > sample]
+        self.big = sorted(set(real) - set(small))
         self.sampled = [k for k in self.big if estimate and kernels.is_float(tensors[k])]
-        self.fingerprint = Fingerprinter()
-        self._last: list | None = None
+        self.prints = Prints(tensors, self.big)
         self.checksum_of: set[int] = set()
         self.checksums: dict[int, torch.Tensor] = {}  # never taken in passing here (`Probe`)
 
     def attach(self) -> None:
         self.exact.attach()
+        self.prints.attach()
         gen = torch.Generator().manual_seed(0)  # fixed positions; never the global RNG
         kinds: dict[tuple, list[int]] = {}
         for k in self.sampled:
@@ -54,11 +57,13 @@ class FingerprintProbe:
     def detach(self) -> None:
         self.exact.detach()
         self._idx = self._s_before = self._s_after = self._kinds = []
-        self.fingerprint.clear()
-        self._last = None
+        self.prints.clear()
 
-    def _prints(self) -> list[torch.Tensor]:
-        return [self.fingerprint(self.tensors[k]) for k in self.big]
+    def allocated_bytes(self) -> int:
+        """The bytes this probe keeps between steps: the small tensors' snapshots and the
+        samples (the fingerprint's 1 MiB scratch per device is not counted)."""
+        return self.exact.allocated_bytes() + sum(
+            before.nbytes + after.nbytes for before, after in self._kinds)
 
     def _take(self, out: list[torch.Tensor]) -> None:
         for k, idx, buf in zip(self.sampled, self._idx, out):
@@ -67,23 +72,16 @@ class FingerprintProbe:
     def begin(self, consecutive: bool = False) -> None:
         """`consecutive`: nothing ran since the last `end()`, so its fingerprints still hold."""
         self.exact.begin(consecutive)
+        self.prints.begin(consecutive)
         with torch.no_grad():
-            self._fp_before = self._last if consecutive and self._last is not None \
-                else self._prints()
             self._big_norm = kernels.norms([self.tensors[k] for k in self.sampled])
             self._take(self._s_before)
 
     def end(self, pending: Pending) -> None:
         self.exact.end(pending, "small")
+        self.prints.end(pending, "fp")
         with torch.no_grad():
-            self._last = self._prints()
             self._take(self._s_after)
-            pending.add("fp.before", [])  # the names exist even with no large tensor
-            pending.add("fp.after", [])
-            for before, after in zip(self._fp_before, self._last):
-                pending.add("fp.before", before)
-                pending.add("fp.after", after)
-            self._fp_sizes = ([p.numel() for p in self._fp_before], [p.numel() for p in self._last])
             pending.add("s.l2", [])
             for before, after in self._kinds:
                 pending.add("s.l2", row_change_norms(before, after))
@@ -97,7 +95,7 @@ class FingerprintProbe:
         if not self.estimate:
             delta[:], ratio[:] = np.nan, np.nan
         big = np.array(self.big, dtype=np.int64)
-        changed[big] = _prints_differ(got["fp.before"], got["fp.after"], *self._fp_sizes)
+        changed[big] = self.prints.changed(got, "fp")
         if self.sampled:
             at = np.array(self.sampled, dtype=np.int64)
             numel = np.array([self.tensors[k].numel() for k in self.sampled], dtype=np.float64)
@@ -111,18 +109,8 @@ class FingerprintProbe:
         return delta, changed, ratio
 
 
-def _prints_differ(before: np.ndarray, after: np.ndarray, sizes_before, sizes_after):
-    """Per tensor, whether its fingerprint after the step differs from the one before (a
-    print's length depends on the dtype: a tensor replaced by one of another dtype differs)."""
-    if not len(sizes_before):
-        return np.zeros(0, dtype=bool)
-    if list(sizes_before) == list(sizes_after):
-        if len(set(sizes_before)) == 1:  # the common case: one dtype, one reshape
-            return (before != after).reshape(len(sizes_before), -1).any(axis=1)
-        at = np.cumsum([0] + list(sizes_before))[:-1]
-        return np.logical_or.reduceat(before != after, at)
-    out, i, j = [], 0, 0
-    for a, b in zip(sizes_before, sizes_after):
-        out.append(a != b or bool((before[i:i + a] != after[j:j + b]).any()))
-        i, j = i + a, j + b
-    return np.array(out, dtype=bool)
+
+def snapshotted(t: torch.Tensor, sample: int) -> bool:
+    """Snapshotted in `sampled`/`off`: a tensor of at most `sample` elements holding values
+    (integer and quantised storage is always fingerprinted: `fingerprint.stored_as_code`)."""
+    return t.numel() <= sample and not stored_as_code(t)
