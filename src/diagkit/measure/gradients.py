@@ -17,6 +17,7 @@ Both follow `GradientStrategy`, and queue norms on the `StepState` (`_measure_fr
 
 from __future__ import annotations
 
+import logging
 import operator
 import weakref
 from collections.abc import Callable
@@ -32,6 +33,9 @@ from .skips import reset_probe
 from .step_state import StepState
 
 _GRAD_AND_FLAG = operator.attrgetter("grad", "requires_grad")
+COMPILED_BACKWARD = ("its backward ran under compiled autograd, where diagkit's gradient hooks "
+                     "are traced away: used and the gradients are not observed (docs/cost.md, "
+                     "\"torch.compile\")")
 
 
 class GradientStrategy(Protocol):
@@ -57,6 +61,8 @@ class BackwardHooks:
         self.by_tensor: dict[int, object] = {}  # k -> its hook's handle
         # A sharded tensor's .grad when its hook last fired: (weak reference, version).
         self.last_sharded: dict[int, tuple] = {}
+        # Set where dynamo traced a hook (compiled autograd): the step is not observed.
+        self.blind = False
 
     def attach(self, handles: list, ks=None) -> None:
         """Hook `ks` (default: all of ours), appending the handles to `handles`."""
@@ -88,7 +94,13 @@ class BackwardHooks:
         """The gradients were measured as each backward ended. A carried-over .grad counts only
         if it is still in the .grad this optimizer steps on: a `zero_grad` after the backward
         that landed on it (a GAN's G pass through D, discarded by D's next `zero_grad`) leaves
-        nothing carried for the optimizer to see."""
+        nothing carried for the optimizer to see. A backward whose hooks dynamo traced
+        (compiled autograd) drops the step: nothing of it was seen, so nothing is judged."""
+        if self.blind:
+            self.blind = False
+            if st.dropped is None:
+                st.dropped = COMPILED_BACKWARD
+                _log_once(self, f"diagkit: step {st.index} not observed: {COMPILED_BACKWARD}")
         if st.carried:
             holds = self.obs.holdings.holds[i]
             for k in [k for k in st.carried if holds[k]]:
@@ -104,12 +116,15 @@ class BackwardHooks:
         obs, tensor = self.obs, self.obs.tensors[k]
 
         def hook(grad):
+            if torch.compiler.is_compiling():  # traced (compiled autograd): see `blind`
+                self.blind = True
+                return None
             if not obs.active:
                 return None
             st = self._touch(k)
             if not st.used[k]:
                 st.used[k] = True
-                if tensor.grad is not None:
+                if tensor.grad is not None and not tensor.grad.is_meta:  # meta: no values
                     st.carried[k] = max_abs(tensor.grad)
             st.own_grad[k] = grad if k not in st.own_grad else st.own_grad[k] + grad
             return None
@@ -119,6 +134,9 @@ class BackwardHooks:
         obs, tensor = self.obs, self.obs.tensors[k]
 
         def hook(grad):
+            if torch.compiler.is_compiling():  # traced (compiled autograd): see `blind`
+                self.blind = True
+                return None
             if not obs.active:
                 return None
             again = k in obs.state.touched  # reached before by this same backward
@@ -126,7 +144,9 @@ class BackwardHooks:
             if not st.used[k]:
                 st.used[k] = True
                 current = tensor.grad
-                if current is not None:  # landing on an existing .grad: keep this step's own
+                # Landing on an existing .grad: keep this step's own. A meta .grad has no
+                # values (it would read back NaN, which means carried): not measured.
+                if current is not None and not current.is_meta:
                     st.carried[k] = max_abs(current)
                     st.own_grad[k] = grad
                 return None
@@ -162,6 +182,9 @@ class BackwardHooks:
         obs, tensor = self.obs, self.obs.tensors[k]
 
         def hook(_param):
+            if torch.compiler.is_compiling():  # traced (compiled autograd): see `blind`
+                self.blind = True
+                return
             if not obs.active:
                 return
             st, g = self._touch(k), tensor.grad
@@ -293,3 +316,10 @@ def _fresh_grad(st: StepState, k: int) -> torch.Tensor:
         if g is not None:
             return g
     raise KeyError(k)
+
+
+def _log_once(owner, line: str) -> None:
+    """One logged line per owner (a watch's hooks), however many steps it concerns."""
+    if not getattr(owner, "_logged", False):
+        owner._logged = True
+        logging.getLogger("diagkit").warning(line)

@@ -47,7 +47,9 @@ class Observer:
     step, observer)`: a watchdog's feed ("begin", "backward", "end"). `loop`: what the loop
     running the steps guarantees (`LoopFacts`; nothing by default). `step_ends`: the caller
     also calls `step_ended(i)` as each optimizer step returns (its post-hook), so a backward
-    inside `optimizer.step(closure)` can be told apart from one after the step.
+    inside `optimizer.step(closure)` can be told apart from one after the step. `entry`: the
+    module the loop calls where that is not the inventory's model (a `torch.compile`
+    wrapper: `measure.unwrap.compiled_entry`); its forward hook sees the step's outputs.
     An optimizer whose step pre-hook never fires in a step (a loss scaler's skip) marks its
     tensors `skipped`; skips inside a longer step are counted (`diagkit.measure.skips`).
     """
@@ -56,7 +58,7 @@ class Observer:
                  delta: str = DEFAULTS["delta"], sample: int = DEFAULTS["sample"],
                  checksums: bool = False, on_progress: Callable | None = None,
                  loop: LoopFacts = LoopFacts(), step_ends: bool = False,
-                 memory_budget: float = DEFAULTS["memory_budget"]):
+                 memory_budget: float = DEFAULTS["memory_budget"], entry=None):
         self.inv, self.tensors, self.optimizers = inventory, inventory.tensors, optimizers
         self.n = n = len(self.tensors)
         self.checksums, self.on_progress, self.loop = checksums, on_progress, loop
@@ -90,7 +92,8 @@ class Observer:
         # Optimizer steps skipped in the observed steps (a loss scaler's; `diagkit.measure.skips`).
         self.skipped_optimizer_steps = 0
         self._all = np.arange(n)
-        self.unregistered = Unregistered(inventory, checksums)  # leaves outside .parameters()
+        # leaves outside .parameters()
+        self.unregistered = Unregistered(inventory, checksums, entry=entry)
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> "Observer":

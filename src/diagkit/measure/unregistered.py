@@ -77,8 +77,9 @@ class Unregistered:
             handles.append(self.entry.register_forward_hook(self._forward, with_kwargs=True))
 
     def _forward(self, _module, args, kwargs, output):
-        # Traced by dynamo (a compiled caller of this module), it is nothing: no graph break.
-        if self.active and not torch.compiler.is_compiling():
+        # Traced by dynamo (a compiled caller of this module), it is nothing: no graph break,
+        # and no guard on anything of diagkit's (checked first, before `active` is read).
+        if not torch.compiler.is_compiling() and self.active:
             # arguments are inputs; the output's grad_fns are roots of the graph
             self._inputs.update(id(t) for t in nested_tensors((args, kwargs)))
             outputs = itertools.islice(nested_tensors(output), _ROOTS)
@@ -147,6 +148,8 @@ class Unregistered:
 
     def _accumulated(self, k: int):
         def hook(_tensor):
+            if torch.compiler.is_compiling():  # traced (compiled autograd): nothing
+                return
             if self.active and k < len(self._used):
                 self._used[k] = True
         return hook

@@ -96,3 +96,16 @@ def _innermost(opt):
             return opt
         opt = inner
     return opt
+
+
+def compiled_entry(model) -> torch.nn.Module | None:
+    """The `torch.compile` wrapper in `model`'s wrapper chain, if any: the module the loop
+    calls that runs eagerly. A forward hook belongs there: on the module it compiles, dynamo
+    would trace the hook, and its coming and going would recompile the graph."""
+    for _ in range(8):
+        if not isinstance(model, torch.nn.Module) or type(model).__name__ not in _MODULE_WRAPPERS:
+            return None
+        if type(model).__name__ == "OptimizedModule":
+            return model
+        model = getattr(model, _MODULE_WRAPPERS[type(model).__name__], None)
+    return None
