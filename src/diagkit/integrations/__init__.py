@@ -10,7 +10,10 @@ what `accelerator.prepare` returns.
 
 What the callbacks share lives here: checking watch's keyword arguments when the callback is
 built (a typo must fail before the model loads, not minutes later when training begins), and
-one `Attachment` per training run.
+one `Attachment` per training run. Once training has begun nothing of diagkit raises into it:
+what diagkit refuses to watch then (an engine it does not know, an optimizer of flat buffers)
+is one line through the framework's logger, and training goes on unwatched
+(docs/integrations.md, "In a Hugging Face `Trainer`, Lightning or accelerate run").
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import importlib
 import inspect
 
 from ..core.errors import DiagkitError
+from ..core.format import brief
 from ..measure.provenance import record_optimizer_sources, sources_for
 from ..run.gather import distributed
 from ..run.watch import Watch, check_watch_options, watch
@@ -68,6 +72,7 @@ class Attachment:
     def __init__(self, options: dict):
         self.options = options
         self.watch: Watch | None = None
+        self.refusal: str | None = None  # why the last run goes unwatched (None: watched)
         self.alerts: list = []   # new findings of a whole-run watch, for the framework's logger
         self._recording = None   # (context, recorder) while the trainer builds its optimizers
         self._recorded = None    # the recorder of a `record_during` call that has ended
@@ -113,13 +118,28 @@ class Attachment:
         unwrapped = [getattr(o, "optimizer", o) for o in optimizers]
         return sources_for(recorder, unwrapped)
 
-    def start(self, model, optimizers, *, main_process: bool, first_step: int = 0,
-              sources=None) -> Watch:
-        """Watch `model` under `optimizers`. Only the main process writes `out`: under a process
-        group watch itself leaves it to rank 0 (every rank must still watch, to be gathered);
-        without one (several processes that share no group) the others get no `out`.
-        `first_step`: the trainer's global step (a resumed run goes on counting from it).
-        `sources`: the groups' records when the callback made them (else the recording's)."""
+    def start(self, model, optimizers, *, main_process: bool, say, first_step: int = 0,
+              sources=None) -> Watch | None:
+        """Watch `model` under `optimizers`, or say in one line (`say(line)`: the framework's
+        logger) why not and let training go on unwatched (None): training has begun, and a
+        long job must never die of its diagnostic tool. Only the main process writes `out`
+        (`_watch`)."""
+        self.refusal = None
+        try:
+            return self._watch(model, optimizers, main_process, first_step, sources)
+        except Exception as exc:  # a refusal (DiagkitError) or diagkit's own failure
+            self.watch, self.refusal = None, (f"diagkit: not watching this run: "
+                                              f"{type(exc).__name__}: {brief(exc, 600)}")
+            with contextlib.suppress(Exception):  # the framework's logger: never into its loop
+                say(self.refusal + " (training goes on unwatched)")
+            return None
+
+    def _watch(self, model, optimizers, main_process: bool, first_step: int, sources) -> Watch:
+        """`start`'s watch. Under a process group watch itself leaves `out` to rank 0 (every
+        rank must still watch, to be gathered); without one (several processes that share no
+        group) the others get no `out`. `first_step`: the trainer's global step (a resumed run
+        goes on counting from it). `sources`: the groups' records when the callback made them
+        (else the recording's)."""
         recorded = self.end_recording(optimizers if isinstance(optimizers, (list, tuple))
                                       else [optimizers])
         sources = recorded if sources is None else sources
@@ -180,3 +200,8 @@ class Watching:
     @property
     def diagnosis(self):
         return self._run.diagnosis
+
+    @property
+    def refused(self) -> str | None:
+        """Why the last training run went unwatched (the line logged), None if it was watched."""
+        return self._run.refusal

@@ -12,6 +12,7 @@ accumulated batches (`accumulate_grad_batches`) included.
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
 from . import Watching, alert_metrics, require
@@ -22,6 +23,7 @@ def callback_class(package: str, module: str, install: str) -> type:
     as the diagkit module `module` exports it."""
     framework = require(package, module, install)
     top = package.split(".")[0]
+    warn = importlib.import_module(f"{package}.utilities.rank_zero").rank_zero_warn
 
     class DiagkitCallback(framework.Callback, Watching):
         """Watch the Trainer's fit. Keyword arguments are `diagkit.watch`'s (`steps`, `every`,
@@ -29,7 +31,9 @@ def callback_class(package: str, module: str, install: str) -> type:
 
         It detaches by itself after `steps` observed optimizer steps, or when training ends or
         raises. `watch`: the `diagkit.Watch` of the last fit; `diagnosis`: its result (None on
-        ranks other than 0). Only the global-zero process writes `out`.
+        ranks other than 0). Only the global-zero process writes `out`. What diagkit refuses
+        to watch as training begins is one `rank_zero_warn` line (`refused` keeps it) and the
+        fit goes on unwatched; a bad option raises here.
         """
 
         def __init__(self, **watch_options):
@@ -53,7 +57,8 @@ def callback_class(package: str, module: str, install: str) -> type:
                               f"{theirs}'s; import it from diagkit.integrations.{theirs}",
                               stacklevel=2)
             self._run.start(pl_module, list(trainer.optimizers),
-                            main_process=trainer.is_global_zero, first_step=trainer.global_step)
+                            main_process=trainer.is_global_zero, first_step=trainer.global_step,
+                            say=warn)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             """A whole-run watch's new findings reach `trainer.logger` and the progress bar,

@@ -25,6 +25,10 @@ from ._trainer_optimizer import OptimizerOrigin
 require("transformers", __name__, "diagkit[transformers]")
 
 from transformers import TrainerCallback  # noqa: E402  (after the one-line install hint)
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+# Under transformers' own logger tree: its verbosity and handler apply to diagkit's line too.
+logger = hf_logging.get_logger("transformers.integrations.diagkit")
 
 
 class DiagkitCallback(TrainerCallback, Watching):
@@ -35,6 +39,8 @@ class DiagkitCallback(TrainerCallback, Watching):
     `watch`: the `diagkit.Watch` of the last `train()`; `diagnosis`: its result (None on
     processes other than the main one). Only the main process writes `out`. A `train()` that
     raises sends no event: reading `diagnosis` then ends the watch, keeping the steps before.
+    What diagkit refuses to watch as training begins is one warning through transformers'
+    logger (`refused` keeps it) and training goes on unwatched; a bad option raises here.
     """
 
     def __init__(self, **watch_options):
@@ -59,7 +65,7 @@ class DiagkitCallback(TrainerCallback, Watching):
         origin = getattr(self, "_origin", None) or OptimizerOrigin()
         sources = origin.records(self._run.end_recording([optimizer]), optimizer, model)
         self._run.start(model, optimizer, main_process=state.is_world_process_zero,
-                        first_step=state.global_step, sources=sources)
+                        first_step=state.global_step, sources=sources, say=logger.warning)
 
     def on_step_end(self, args, state, control, **kwargs):
         """A whole-run watch's new findings reach `Trainer.log` (TensorBoard, W&B, MLflow:

@@ -60,6 +60,13 @@ def _explain_not_in_model(label, group, steps):
            "model.parameters(); drop stale heads from the optimizer. If the model's own "
            "parameters were replaced after the optimizer was built (fully_shard, "
            "get_peft_model, to_empty), build the optimizer after that.")
+    if "device" in group and (group["device"] == "meta").all():  # the big-model init bug
+        message += (" They are on the meta device, with no values: the optimizer was built "
+                    "before the model was materialised (`to_empty()`, `load_state_dict(..., "
+                    "assign=True)`), which gave the model new tensors that no optimizer holds.")
+        fix = ("Build the optimizer after materialising: model.to_empty(device=...) (or "
+               "load_state_dict(..., assign=True)) first, then "
+               "torch.optim.AdamW(model.parameters(), ...).")
     return message, fix
 
 

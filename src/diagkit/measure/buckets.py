@@ -1,6 +1,10 @@
 """Small tensors of one shape, dtype and device grouped, so per-tensor work runs as one kernel
 per group (`Buckets`), and the positions of a list of tensors laid out over those groups
-(`Layout`). Used for gradient norms and for the exact probe's snapshots."""
+(`Layout`). Used for gradient norms and for the exact probe's snapshots.
+
+A tensor on the meta device has a shape but no values: it is never grouped, and a `Layout`
+never measures it (`unmeasured`), so its gradient norm stays NaN, not measured, and never
+reaches the rare path that looks at values (`gradients.resolve_fresh`)."""
 
 from __future__ import annotations
 
@@ -28,9 +32,12 @@ class Buckets:
 
     def __init__(self, tensors: list[torch.Tensor], candidates=None):
         shared: dict[tuple, list[int]] = {}
+        self.unmeasured: set[int] = set()  # on meta: no values to measure
         for k in (range(len(tensors)) if candidates is None else candidates):
             t = tensors[k]
-            if t.is_floating_point() and not t.is_sparse and 0 < t.numel() <= self.TENSOR_MAX:
+            if t.is_meta:
+                self.unmeasured.add(k)
+            elif t.is_floating_point() and not t.is_sparse and 0 < t.numel() <= self.TENSOR_MAX:
                 shared.setdefault((t.device, t.dtype, tuple(t.shape)), []).append(k)
         self.groups: list[tuple[tuple, list[int]]] = []
         for key, ks in shared.items():
@@ -64,7 +71,8 @@ class Buckets:
 class Layout:
     """Tensors `ks` at fixed positions of a list, with the groups of `buckets` that lie wholly
     among them, so a step's values (e.g. every `.grad`) are fetched group by group in one C
-    call each (`itemgetter`) instead of a Python loop per tensor."""
+    call each (`itemgetter`) instead of a Python loop per tensor. The buckets' `unmeasured`
+    tensors (on meta) are in neither: their values are never read."""
 
     def __init__(self, ks: list[int], buckets: Buckets):
         self.ks = ks
@@ -77,7 +85,8 @@ class Layout:
                 self.groups.append((g, np.array(gks, dtype=np.int64),
                                     operator.itemgetter(*[self.pos[k] for k in gks])))
                 grouped.update(gks)
-        self.loose = [p for p, k in enumerate(ks) if k not in grouped]
+        skip = grouped | buckets.unmeasured
+        self.loose = [p for p, k in enumerate(ks) if k not in skip]
 
     def get(self, values: list, k: int):
         """Tensor k's value in `values`, None if it has none there."""

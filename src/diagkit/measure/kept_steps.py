@@ -19,6 +19,8 @@ import random
 
 import pandas as pd
 
+from .step_records import StepRecords
+
 AROUND = 16   # windows around changes kept whole
 SAMPLE = 32   # other observed steps kept, sampled uniformly
 
@@ -63,8 +65,8 @@ class KeptSteps:
         if self.latest is not None and not any(p is self.latest for p in parts):
             parts.append(self.latest)
         parts = [p for p in parts if len(p)]
-        if not parts:
-            return pd.DataFrame()
+        if not parts:  # none kept (the first observed step failed): the columns, to judge
+            return StepRecords([], checksums=False).table()
         return (pd.concat(parts, ignore_index=True)
                 .sort_values(["step"] + (["rank"] if "rank" in parts[0] else []),
                              kind="stable", ignore_index=True))

@@ -1,4 +1,8 @@
-"""Reading a step's measurements back to the host: one transfer per device (`Pending`)."""
+"""Reading a step's measurements back to the host: one transfer per device (`Pending`).
+
+A measurement of a tensor on the meta device (a shape, no values) reads back as NaN: not
+measured, as a dry run on meta reports it (docs/meta.md, "Meta tensors in a real run"). Torch
+computes on meta without values, so what was queued of such a tensor costs nothing until here."""
 
 from __future__ import annotations
 
@@ -85,6 +89,9 @@ def readback(pieces: list[torch.Tensor]) -> np.ndarray:
 
 
 def _to_host(pieces: list[torch.Tensor]) -> np.ndarray:
+    """One device's pieces, concatenated on the host (NaN for the meta device's: no values)."""
+    if pieces[0].is_meta:
+        return np.full(sum(p.numel() for p in pieces), np.nan)
     if len({p.dtype for p in pieces}) > 1:
         pieces = [p.to(torch.float64) for p in pieces]
     return torch.cat(pieces).cpu().numpy().astype(np.float64)

@@ -16,6 +16,11 @@ import torch
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy in host memory. A tensor on the meta device has no values to copy: it stays a
+    meta tensor (no memory), and copying it back changes nothing (an optimizer built before
+    `to_empty()` holds such tensors, and its state too)."""
+    if t.is_meta:
+        return t.detach().clone()
     return t.detach().to("cpu", copy=True)
 
 

@@ -17,7 +17,8 @@ from ..core.result import Diagnosis, LoadReport, StepFailure
 from ..judge.advice import build_advice
 from ..judge.checkpoint_audit import audit, audit_finding, load_findings
 from ..judge.findings import build_findings
-from ..judge.verdicts import judge, not_judged_without_optimizer, not_measured_on_meta
+from ..judge.verdicts import (VERDICTS, judge, not_judged_without_optimizer,
+                              not_measured_on_meta)
 from ..measure.aggregate import build_params
 from ..measure.inventory import take_inventory
 from ..measure.observer import Observer
@@ -121,6 +122,27 @@ def _values_not_measured(params):
                             for c in _VALUE_COUNTS})
 
 
+def _meta_rows_not_measured(params):
+    """A real run's tensors on the meta device (an optimizer built before `to_empty()`
+    holds them) have no values: on their rows, as on a dry run's, the counts of value facts
+    are <NA> and the verdicts that need values are not judged (their flags read False, never
+    guessed True: a stall would be guessed from them). docs/meta.md, "Meta tensors in a real
+    run"."""
+    rows = (params["device"] == "meta").to_numpy() if "device" in params else None
+    if rows is None or not rows.any():
+        return params
+    params = params.copy()
+    for c in _VALUE_COUNTS:
+        column = pd.array(params[c], dtype="Int64")
+        column[rows] = pd.NA
+        params[c] = column
+    values = {name for name, v in VERDICTS.items() if v.needs == "values"}
+    params.loc[rows, "verdicts"] = pd.Series(
+        [tuple(v for v in vs if v not in values) or ("ok",) for vs in params["verdicts"][rows]],
+        index=params.index[rows], dtype=object)
+    return params
+
+
 def judge_observation(obs: Observation, *, checkpoint: LoadReport | None = None,
                       ddp: dict | None = None, cost: dict | None = None) -> Diagnosis:
     """Judge what was observed (by one process, or gathered from every rank) into the result.
@@ -132,8 +154,7 @@ def judge_observation(obs: Observation, *, checkpoint: LoadReport | None = None,
     held = obs.meta.get("optimizers") != 0  # 0: a watch of hand-written updates
     params = build_params(obs.rows, obs.steps)
     params["verdicts"], check_errors = judge(params, obs.steps, meta=on_meta, optimizers=held)
-    if on_meta:
-        params = _values_not_measured(params)
+    params = _values_not_measured(params) if on_meta else _meta_rows_not_measured(params)
     report, extra = None, []
     if checkpoint is not None:
         result = audit(params, checkpoint)

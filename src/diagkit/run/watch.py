@@ -22,7 +22,7 @@ import torch
 
 from ..core.errors import DiagkitError
 from ..core.options import DEFAULTS
-from ..core.result import Diagnosis, StepFailure
+from ..core.result import Diagnosis
 from ..measure.ddp_facts import ddp_facts
 from ..measure.inventory import take_inventory
 from ..measure.observer import Observer
@@ -30,12 +30,11 @@ from ..measure.provenance import watch_sources
 from ..measure.run_clock import RunClock
 from ..measure.step_clock import StepClock
 from ..measure.step_state import LoopFacts
-from ..measure.unwrap import unwrap_model, unwrap_optimizers
-from ..measure.zero import ZeroView
 from . import watch_ends
 from .gather import RankChannel, distributed
 from .live import LiveFeed, shown
-from .watch_options import check_watch_options
+from .watch_options import check_watch_options, unwrapped
+from .watch_failed import detach_quietly, failed_diagnosis, stopped
 from .watch_save import save
 from .pipeline import Observation, judge_observation
 from .watch_ranks import assemble
@@ -83,13 +82,31 @@ class Watch:
         check_watch_options(steps=steps, every=every, delta=delta, sample=sample, out=out,
                             report=report, timeout=timeout, on_finding=on_finding,
                             halt_on=halt_on, live=live)
-        self.report = bool(report)
-        inner, self.wrappers = unwrap_model(model)
-        optimizers = unwrap_optimizers(optimizer_or_list, model)
-        if any(isinstance(o, ZeroView) for o in optimizers) and "DeepSpeedEngine" not in \
-                self.wrappers:  # engine.module + engine.optimizer: still under the engine
-            self.wrappers.append("DeepSpeedEngine")
+        self.report, self.steps, self.every, self.delta = bool(report), steps, every, delta
         self.out = None if out is None else Path(out)
+        self.wrappers, self.optimizers, self.sources, self.inventory = [], [], [], None
+        self.run = self.observer = self.clock = self.channel = self.live = None
+        self._diagnosis: Diagnosis | None = None
+        self._finished, self._started = False, time.perf_counter()
+        self._ended = "steps"  # how it ended: steps, stop, exit, SIGTERM, failed (meta["ended"])
+        try:
+            self._begin(model, optimizer_or_list, sample=sample, timeout=timeout,
+                        on_finding=on_finding, halt_on=halt_on, caller=caller,
+                        first_step=first_step, sources=sources)
+        except DiagkitError:  # what the user passed: theirs to fix, nothing left attached
+            detach_quietly(self.clock, self.observer)
+            raise
+        except Exception as exc:  # diagkit's own: training goes on unwatched
+            self._unwatched(exc, "could not watch this run")
+            return
+        self.live = self._live(live)
+
+    def _begin(self, model, optimizer_or_list, *, sample, timeout, on_finding, halt_on, caller,
+               first_step, sources) -> None:
+        """Take the inventory and set every hook. A `DiagkitError` is what the user passed
+        (or an engine diagkit refuses); anything else is diagkit's own failure (`__init__`)."""
+        steps, every = self.steps, self.every
+        inner, self.wrappers, optimizers = unwrapped(model, optimizer_or_list)
         self.inventory = take_inventory(inner, optimizers)
         # where the groups were built: recorded by a callback as the trainer built them, or
         # read from the caller's watch(...) statement
@@ -105,7 +122,7 @@ class Watch:
                                "collectives (docs/whole-run.md, \"The whole run\")")
         if self.channel is not None:  # rank 0 joins them: pipeline stages differ
             self.channel.publish_rows(self.inventory.rows)
-        self.timeout, self.delta, self.every, self.steps = timeout, delta, every, steps
+        self.timeout = timeout
         self._ddp = (model if isinstance(model, torch.nn.Module)
                      and "DistributedDataParallel" in self.wrappers else None)
         self.optimizers, self.sample = optimizers, sample
@@ -119,21 +136,10 @@ class Watch:
             self.observer = self.run.observer
             self.clock = RunClock(self.observer, optimizers, plan=self.run.plan,
                                   on_done=self._finish, first_step=first_step)
-        self._diagnosis: Diagnosis | None = None
-        self._finished = False
-        self._ended = "steps"  # how observing ended: steps, stop, exit, SIGTERM (meta["ended"])
-        self._started = time.perf_counter()
-        self.live: LiveFeed | None = None
         if self.run is None:
             self.observer.attach()
-        try:
-            self.clock.start()
-        except BaseException:
-            self.clock.stop()
-            self.observer.detach()
-            raise
+        self.clock.start()
         watch_ends.started(self)  # the process's end, however it comes, ends the watch too
-        self.live = self._live(live)
 
     def _live(self, live: bool | None) -> LiveFeed | None:
         """The live view (rank 0 only), or None; one that cannot be shown is one line."""
@@ -191,7 +197,8 @@ class Watch:
         if not self._finished:
             self._ended = how
         self._finish(None)
-        if self.clock.hooks_left:  # an inert hook left by ending inside it
+        if self.clock is not None and self.clock.hooks_left:  # an inert hook left by ending
+            # inside it
             self.clock.stop()
         return self._diagnosis
 
@@ -205,7 +212,8 @@ class Watch:
         of = "" if self.steps is None else f" of {self.steps}"
         state = "done" if self._finished else f"watching ({self.clock.observed}{of} steps " \
                                               f"observed)"
-        return f"<diagkit.Watch {len(self.inventory.tensors)} tensors, {state}>"
+        n = 0 if self.inventory is None else len(self.inventory.tensors)
+        return f"<diagkit.Watch {n} tensors, {state}>"
 
     # ------------------------------------------------------------------ from the hooks
     def _published(self, index: int) -> None:
@@ -231,6 +239,8 @@ class Watch:
         self._finished = True
         try:
             self._conclude(error)
+        except Exception as exc:  # diagkit's own: one line, and the failure in `diagnosis`
+            self._unwatched(exc, "could not finish watching this run", error)
         finally:
             watch_ends.ended(self)
             if self.live is not None:  # the panel becomes the explorer (or says why not)
@@ -242,9 +252,7 @@ class Watch:
         self.observer.detach()
         if self.run is not None:
             self.run.finish()
-        failure = None if error is None else StepFailure(
-            step=self.clock.count, error=f"diagkit stopped observing: {error[0]}",
-            traceback=error[1])
+        failure = None if error is None else stopped(self.clock.count, error)
         meta = self._meta()
         if self.run is None:
             meta["dropped_steps"] = [{"step": i, "why": why} for i, why in self.observer.dropped]
@@ -293,16 +301,31 @@ class Watch:
         """One line on stderr (`watch_ends.report`)."""
         watch_ends.report(line)
 
+    def _unwatched(self, exc: Exception, what: str, error: tuple[str, str] | None = None
+                   ) -> None:
+        """Diagkit failed (not the user): every hook off, one line through the "diagkit"
+        logger, and a diagnosis holding the failure; the user's training goes on unwatched.
+        `error`: what had stopped observing before, if anything did."""
+        detach_quietly(self.clock, self.observer)
+        self._finished, self._ended = True, "failed"
+        meta = {**self._meta(), "ended": "failed"}
+        self._diagnosis = failed_diagnosis(exc, what, error, meta, self.clock)
+        self._release()
+        save(self._diagnosis, self.out, report=False, ended="failed")  # no report of nothing
+
     def _release(self) -> None:
         """Drop the observer (its buffers and records go with it) and the process group's store:
         nothing of the watch outlives it."""
-        self.observer = self.clock.obs = self.run = None
+        if self.clock is not None:
+            self.clock.obs = None
+        self.observer = self.run = None
         self.channel = None
 
     def _meta(self) -> dict:
         return {"loop": "watch", "steps_requested": self.steps, "delta": self.delta,
                 "optimizers": len(self.optimizers),
-                "every": self.every, "optimizer_steps": self.clock.count,
+                "every": self.every,
+                "optimizer_steps": 0 if self.clock is None else self.clock.count,
                 "wrappers": self.wrappers, "losses": [], "restored": False,
                 "ended": self._ended,
                 "seconds": round(time.perf_counter() - self._started, 4),

@@ -1,5 +1,5 @@
 """Every option of `diagkit.watch`, checked in one place (the callbacks check theirs with it as
-they are built)."""
+they are built), and the objects it was given, unwrapped."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from pathlib import Path
 from ..core.errors import DiagkitError
 from ..core.files import check_output_dir
 from ..core.options import check_run_options, positive_seconds
+from ..measure.unwrap import unwrap_model, unwrap_optimizers
+from ..measure.zero import ZeroView
 from .live import check_live
 
 
@@ -29,3 +31,14 @@ def check_watch_options(*, steps, every, delta, sample, out, report, timeout, on
                            "diagnosis saved there")
     if out is not None:
         check_output_dir(Path(out), marker="run.json")
+
+
+def unwrapped(model, optimizer_or_list) -> tuple:
+    """(the module, the wrappers seen through, the torch optimizers) under what the loop holds;
+    a `DiagkitError` names what cannot be watched. DeepSpeed's `engine.module` with
+    `engine.optimizer` is still under the engine (its ZeRO optimizer says so)."""
+    inner, wrappers = unwrap_model(model)
+    optimizers = unwrap_optimizers(optimizer_or_list, model)
+    if any(isinstance(o, ZeroView) for o in optimizers) and "DeepSpeedEngine" not in wrappers:
+        wrappers.append("DeepSpeedEngine")
+    return inner, wrappers, optimizers

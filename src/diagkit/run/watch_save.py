@@ -36,5 +36,6 @@ def save(diagnosis, out, *, report: bool, ended: str) -> None:
 
 # What is left of a result that could not be saved, by how the watch ended.
 _KEPT = {"steps": " (it is still in Watch.diagnosis)", "stop": " (it is still in Watch.diagnosis)",
+         "failed": " (it is still in Watch.diagnosis)",
          "exit": " (the process is exiting: the result is lost)",
          "SIGTERM": " (the process is being terminated: the result is lost)"}
