@@ -12,6 +12,7 @@ from diagkit.judge.verdict import Verdict
 from diagkit.judge.verdicts import VERDICTS, judge
 
 SPEC_TABLE = {
+    "nothing_trains": "error",
     "orphan": "error",
     "unused": "warning",
     "intermittent": "info",
@@ -20,6 +21,7 @@ SPEC_TABLE = {
     "frozen_but_changing": "error",
     "stalled": "error",
     "zero_gradient": "warning",
+    "zero_gradient_at_start": "info",
     "nonfinite_grad": "error",
     "decay_on_norm_or_bias": "info",
     "in_multiple_optimizers": "error",

@@ -17,6 +17,7 @@ from ..core.format import human_bytes
 from ..core.result import Finding, StepFailure
 from ..measure.aggregate import fold_ranks
 from .sources import finding_sources
+from .verdict import RUN_VERDICTS
 from .verdicts import VERDICTS
 from .wording import subject
 
@@ -48,12 +49,18 @@ def build_findings(params: pd.DataFrame, steps: pd.DataFrame, check_errors=(),
     verdicts = params["verdicts"]
     shared = FindingContext(steps, **(context or {}))
     steps = fold_ranks(steps)
+    run_level = params.attrs.get(RUN_VERDICTS, ())
     for code, v in VERDICTS.items():
-        flagged = verdicts.map(lambda vs, c=code: c in vs).to_numpy(dtype=bool)
+        if v.run_level:  # the run's: one finding, over every tensor
+            flagged = np.full(len(params), code in run_level)
+        else:
+            flagged = verdicts.map(lambda vs, c=code: c in vs).to_numpy(dtype=bool)
         if not flagged.any():
             continue
         explain = v.explain or _explain_generic(v)
-        for label, rows, whole in subtrees(params, flagged):
+        groups = ([("", list(range(len(params))), True)] if v.run_level
+                  else subtrees(params, flagged))
+        for label, rows, whole in groups:
             group = params.iloc[rows].copy()
             group.attrs["whole"] = whole
             group.attrs["context"] = shared
@@ -143,9 +150,12 @@ MAX_GROUPS = 6  # past this many groups for one verdict, coarsen to broader subt
 def subtrees(params: pd.DataFrame, flagged: np.ndarray) -> list[tuple[str, list[int], bool]]:
     """Group flagged rows under the highest module whose whole subtree is flagged.
 
-    Returns (label, rows, whole). Scattered hits (every bias, say) would give one group per
-    module; beyond MAX_GROUPS they are gathered under their broadest common subtrees instead,
-    and such a group is marked partial (whole=False).
+    Returns (label, rows, whole). Sibling groups, the same module or tensor repeated in each
+    layer (`layers.0.q_proj.lora_A`, `layers.1.v_proj.lora_A`), are one group labelled by
+    their pattern (`layers.*.*.lora_A`, see `_siblings`). Scattered hits (every bias, say)
+    would still give one group per module; beyond MAX_GROUPS they are gathered under their
+    broadest common subtrees instead. A group that is no module's whole subtree is marked
+    partial (whole=False): its fix lists its tensors.
     """
     total, hit = Counter(), Counter()
     for module, in_model, is_hit in zip(params["module"], params["in_model"], flagged):
@@ -163,6 +173,7 @@ def subtrees(params: pd.DataFrame, flagged: np.ndarray) -> list[tuple[str, list[
             continue
         whole = next((a for a in _ancestors(modules[i]) if hit[a] == total[a]), None)
         keys[i] = whole if whole is not None else names[i]
+    keys = _siblings(keys, in_model)
     if len(set(keys.values())) > MAX_GROUPS:
         keys = _coarsen(keys, params)
     groups: dict[str, list[int]] = {}
@@ -170,6 +181,27 @@ def subtrees(params: pd.DataFrame, flagged: np.ndarray) -> list[tuple[str, list[
         groups.setdefault(key, []).append(i)
     return [(key, rows, len(rows) == 1 or (key in total and hit[key] == total[key]))
             for key, rows in groups.items()]
+
+
+def _siblings(keys: dict[int, str], in_model: list) -> dict[int, str]:
+    """Merge the model's groups whose labels have as many parts and the same last one (the
+    same module, or tensor, in each layer: `layers.0.self_attn.q_proj.lora_A` and
+    `layers.1.self_attn.v_proj.lora_A`) into one, labelled by their pattern, `*` where they
+    differ (`layers.*.self_attn.*.lora_A`): one finding for one cause repeated, not one per
+    layer. The merged group is the tensors of every module the pattern matches that are
+    flagged, so it is reported as partial."""
+    alike: dict[tuple[int, str], set[str]] = {}
+    for i, key in keys.items():
+        if in_model[i] and key:
+            parts = key.split(".")
+            alike.setdefault((len(parts), parts[-1]), set()).add(key)
+    pattern = {}
+    for labels in alike.values():
+        if len(labels) > 1:
+            columns = zip(*(label.split(".") for label in sorted(labels)))
+            merged = ".".join(c[0] if len(set(c)) == 1 else "*" for c in columns)
+            pattern.update((label, merged) for label in labels)
+    return {i: pattern.get(key, key) if in_model[i] else key for i, key in keys.items()}
 
 
 def _outside_key(name: str, pairs) -> str:

@@ -88,22 +88,73 @@ def _explain_stalled(label, group, steps):
 
 
 @verdict("zero_gradient", "warning",
-         ('It gets gradients, every one exactly zero: it cannot influence the loss.'),
+         ("It gets gradients, every one exactly zero, one of them on a step that can tell "
+          "(every other tensor that step used had changed before it, or never changes): it "
+          "cannot influence the loss."),
          needs="values")
 def zero_gradient(params, steps):
-    used = steps["used"].astype(bool)
-    nonzero = used & ~(steps["grad_norm"] == 0)
-    return ((per_tensor(params, steps, used) > 0) & (per_tensor(params, steps, nonzero) == 0)
-            & has_elements(params))
+    """Only zeros on steps that can tell count (`told`): a zero-initialised partner that has
+    not moved yet (LoRA's lora_B on a fresh adapter's first step) zeroes it by design."""
+    used, telling, nonzero = _zero_counts(params, steps)
+    return (telling > 0) & (used > 0) & (nonzero == 0) & has_elements(params)
 
 
 @zero_gradient.explains
 def _explain_zero_gradient(label, group, steps):
-    message = (f"{subject(label, group)} receives gradients, but every one is exactly zero: "
-               "it is used, yet cannot influence the loss (multiplied by zero, masked, or "
-               "behind a saturated activation).")
+    message = (f"{subject(label, group)} receives gradients, but every one is exactly zero, "
+               "also on a step after the other tensors that step used had changed (or on which "
+               "they never change): it is used, yet cannot influence the loss (multiplied by "
+               "zero, masked, or behind a saturated activation).")
     fix = "Check the forward around it for a zero factor, a mask, or a .detach()-like cut."
     return message, fix
+
+
+@verdict("zero_gradient_at_start", "info",
+         ("It gets gradients, every one exactly zero, but only on steps that cannot tell "
+          "(another tensor the step used first changes on that step or later). A "
+          "zero-initialised partner (LoRA's `lora_B`, an adaLN-Zero or ReZero gate, a zero "
+          "convolution) gives exactly that until it moves, which one step cannot show: "
+          "observe more."),
+         needs="values")
+def zero_gradient_at_start(params, steps):
+    used, telling, nonzero = _zero_counts(params, steps)
+    return (telling == 0) & (used > 0) & (nonzero == 0) & has_elements(params)
+
+
+@zero_gradient_at_start.explains
+def _explain_zero_gradient_at_start(label, group, steps):
+    s = steps[steps["name"].isin(set(group["name"])) & steps["used"].astype(bool)]
+    n = int(s["step"].nunique())
+    message = (f"{subject(label, group)} got only exactly-zero gradients, on {n} observed "
+               f"step(s) that cannot tell: on each, another tensor the step used had not made "
+               "its first change yet. A partner initialised to zero (a fresh LoRA's lora_B, a "
+               "zero gate or convolution) gives exactly that until it moves; a tensor that "
+               "cannot influence the loss gives it too.")
+    fix = ("Observe more steps (watch(..., steps=3) or more): from the step after its partners "
+           "first move, its gradient is non-zero, or the finding becomes zero_gradient.")
+    return message, fix
+
+
+def _zero_counts(params, steps):
+    """Per tensor: steps it was used, of those the steps that can tell (`told`), and those
+    with a gradient not exactly zero."""
+    used = steps["used"].astype(bool)
+    nonzero = used & ~(steps["grad_norm"] == 0)
+    return (per_tensor(params, steps, used), per_tensor(params, steps, used & told(steps)),
+            per_tensor(params, steps, nonzero))
+
+
+def told(steps):
+    """Per steps row: whether its step can tell a tensor that cannot influence the loss from
+    one whose partner is zero so far. It cannot when another tensor the step used (so one
+    its gradient depends on) makes its first observed change on that step or later: until
+    then that tensor may still hold a zero it started with (docs/choices.md, "A zero
+    gradient needs a step that can tell"). One that never changes holds for every step."""
+    used = steps["used"].astype(bool)
+    first = steps.loc[steps["changed"].astype(bool)].groupby("name")["step"].min()
+    pending = used & (steps["name"].map(first) >= steps["step"]).fillna(False).astype(bool)
+    others = pending.groupby(steps["step"]).transform("sum") - pending.astype(int)
+    return others == 0
 
 
 @verdict("nonfinite_grad", "error",

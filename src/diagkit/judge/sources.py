@@ -13,7 +13,7 @@ import pandas as pd
 
 # Verdicts about which optimizer group holds a tensor (stalled: only from an lr of 0).
 MEMBERSHIP = ("orphan", "frozen_in_optimizer", "in_multiple_optimizers", "not_in_model",
-              "decay_on_norm_or_bias", "stalled")
+              "decay_on_norm_or_bias", "stalled", "nothing_trains")
 MAX_SOURCES = 4  # groups shown per finding
 
 
@@ -30,7 +30,7 @@ def finding_sources(code: str, group: pd.DataFrame, params: pd.DataFrame,
              else _pairs(group["memberships"]))
     by_pair = {(int(s["optimizer"]), int(s["group"])): s for s in sources}
     chosen = [by_pair[p] for p in sorted(pairs) if p in by_pair]
-    if code == "orphan" and not chosen:
+    if code in ("orphan", "nothing_trains") and not chosen:  # nothing_trains: every group
         chosen = [by_pair[p] for p in sorted(by_pair)]
     return tuple(_own(s, set(group["name"])) for s in chosen[:MAX_SOURCES])
 

@@ -23,6 +23,8 @@ Rule = Callable[[pd.DataFrame, pd.DataFrame], pd.Series]
 Explain = Callable[[str, pd.DataFrame, pd.DataFrame], tuple[str, str]]
 
 REGISTRY: dict[str, "Verdict"] = {}
+# The key, in the attrs of the params `judge` was given, of the run-level verdicts that hold.
+RUN_VERDICTS = "run_verdicts"
 # What a rule may need beyond the wiring, and how a meta dry run words its absence.
 NEEDS = {None: "", "values": "needs values", "steps": "needs more than one step",
          "ranks": "needs a distributed run"}
@@ -49,6 +51,10 @@ class Verdict:
     # It speaks of optimizer membership: with no optimizer at all (a hand-written update,
     # `watch(model)`) it means nothing, and is not judged.
     membership: bool = False
+    # It speaks of the run, not of one tensor: its rule flags every row or none, `judge`
+    # puts it on no tensor's verdicts but in `RUN_VERDICTS` of the params' attrs, and it makes
+    # one finding for the whole run (`judge.findings`).
+    run_level: bool = False
 
     def __post_init__(self):
         if self.severity not in _severity.LEVELS:
@@ -71,11 +77,11 @@ class Verdict:
 
 
 def verdict(name: str, severity: str, meaning: str, per_rank: bool = False,
-            needs: str | None = None, membership: bool = False):
+            needs: str | None = None, membership: bool = False, run_level: bool = False):
     """Decorator: register `rule` as the verdict `name`; returns the `Verdict` (callable)."""
     def register(rule: Rule) -> Verdict:
         REGISTRY[name] = v = Verdict(name, severity, meaning, rule, per_rank, needs=needs,
-                                     membership=membership)
+                                     membership=membership, run_level=run_level)
         return v
     return register
 
@@ -84,6 +90,29 @@ def verdict(name: str, severity: str, meaning: str, per_rank: bool = False,
 # Within one `judge()` call: each steps row's tensor, as its row number in params (-1: none),
 # keyed by the two tables' identities. The tables are held with it, so an id stays theirs.
 _ROWS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("diagkit_rows", default=None)
+
+
+# Within one `judge()` call: whether the run has an optimizer at all (False: a watch of
+# hand-written updates, where no tensor can be held and none needs to be).
+_OPTIMIZERS: contextvars.ContextVar[bool] = contextvars.ContextVar("diagkit_optimizers",
+                                                                   default=True)
+
+
+@contextlib.contextmanager
+def optimizers_present(present: bool):
+    """Rules judged inside know whether the run has an optimizer at all: without one, a rule
+    of the run as a whole (`nothing_trains`) asks nothing of membership, rather than being
+    left unjudged as the membership verdicts are."""
+    token = _OPTIMIZERS.set(present)
+    try:
+        yield
+    finally:
+        _OPTIMIZERS.reset(token)
+
+
+def has_optimizers() -> bool:
+    """Whether the run being judged has an optimizer (True outside `judge`)."""
+    return _OPTIMIZERS.get()
 
 
 @contextlib.contextmanager

@@ -11,8 +11,10 @@ import pandas as pd
 
 from ..core import severity
 from ..measure.aggregate import fold_ranks
-from . import rules_use, rules_change, rules_groups, rules_ranks  # noqa: F401  (registration)
-from .verdict import NEEDS, REGISTRY, Verdict, shared_rows
+from . import (rules_run, rules_use, rules_change, rules_groups,  # noqa: F401  (registration)
+               rules_ranks)
+from .verdict import (NEEDS, REGISTRY, RUN_VERDICTS, Verdict, optimizers_present,
+                      shared_rows)
 
 VERDICTS: dict[str, Verdict] = REGISTRY
 
@@ -61,19 +63,28 @@ def judge(params: pd.DataFrame, steps: pd.DataFrame, *, meta: bool = False,
     """Every verdict for every tensor, plus (verdict, error) for rules that crashed. `meta`:
     a dry run on the meta device, where only the rules that need no values run;
     `optimizers=False`: no optimizer at all (hand-written updates), where the membership
-    verdicts mean nothing and are not judged."""
+    verdicts mean nothing and are not judged. The run-level verdicts that hold are set on
+    `params.attrs[RUN_VERDICTS]`, where `build_findings` reads them: a run-level verdict is
+    no tensor's, so it is in no tensor's tuple."""
     hits: dict[str, pd.Series] = {}
     errors: list[tuple[str, str]] = []
+    run_level: list[str] = []
     per_step = fold_ranks(steps)
-    with shared_rows():
+    with shared_rows(), optimizers_present(optimizers):
         for name, v in VERDICTS.items():
             if (meta and not v.on_meta) or (v.membership and not optimizers):
                 continue
             try:
                 result = v.rule(params, steps if v.per_rank else per_step)
-                hits[name] = pd.Series(result, index=params.index).fillna(False).astype(bool)
+                flags = pd.Series(result, index=params.index).fillna(False).astype(bool)
             except Exception as exc:  # a broken rule is a finding, never a crash
                 errors.append((name, f"{type(exc).__name__}: {exc}"))
+                continue
+            if not v.run_level:
+                hits[name] = flags
+            elif flags.any():
+                run_level.append(name)
+    params.attrs[RUN_VERDICTS] = tuple(run_level)
     names = list(hits)
     matrix = (np.column_stack([hits[n].to_numpy() for n in names]) if names
               else np.zeros((len(params), 0), dtype=bool))

@@ -84,13 +84,18 @@ def refuse_flat_buffers(tensors: list[torch.Tensor], rows: list[dict]) -> None:
     (times the ranks, each holding its partition) they have about as many elements as the
     model's trainable tensors, which no optimizer holds. The real bugs that look alike keep
     something of the model: a stale head after a rebuild keeps its shapes, a module kept in a
-    plain list its 2-D weights, a scalar passed to forward sits beside held tensors."""
+    plain list its 2-D weights, a scalar passed to forward sits beside held tensors. A model
+    with no trainable tensor at all has nothing for buffers to stand in for: whatever its
+    optimizers hold (a stray tensor beside a frozen model), it is judged, and the finding is
+    `nothing_trains`, not an engine."""
     held = [k for k, row in enumerate(rows) if row["memberships"]]
     shapes = {row["shape"] for row in rows if row["in_model"]}
     if not held or any(rows[k]["in_model"] or tensors[k].dim() != 1
                        or rows[k]["shape"] in shapes for k in held):
         return
     unheld = sum(row["numel"] for row in rows if row["in_model"] and row["requires_grad"])
+    if not unheld:
+        return
     world = _world()
     flat = sum(rows[k]["numel"] for k in held)
     if not unheld / 2 <= flat * world <= 2 * unheld + 1024 * world:  # ZeRO pads partitions
