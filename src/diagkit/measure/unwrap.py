@@ -109,3 +109,13 @@ def compiled_entry(model) -> torch.nn.Module | None:
             return model
         model = getattr(model, _MODULE_WRAPPERS[type(model).__name__], None)
     return None
+
+
+def compiled(model, entry=None) -> bool:
+    """Whether dynamo compiles `model` or any module in it: a `torch.compile` wrapper (`entry`)
+    or a module compiled in place (`module.compile()`). Then diagkit sets no global module
+    hook: dynamo guards on them, and one set or removed recompiles every graph."""
+    if entry is not None:
+        return True
+    return isinstance(model, torch.nn.Module) and any(
+        getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())

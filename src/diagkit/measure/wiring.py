@@ -64,11 +64,17 @@ class Wiring:
     """The wiring of `model` under `optimizers`, as of the last `changes()` (or creation).
     `release()` removes the module hooks; until then it is one flag set per registration."""
 
-    def __init__(self, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]):
+    def __init__(self, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer],
+                 registration_hooks: bool = True):
+        """`registration_hooks` False (a compiled model: dynamo guards on torch's global
+        module hooks, so setting or removing one recompiles every graph): no hook, and the
+        model is walked at every `changes()` instead (a pass over its modules)."""
         self.model, self.optimizers = model, optimizers
         self._dirty = False
+        self._hooked = registration_hooks
         self._handles = [_module.register_module_parameter_registration_hook(self._registered),
-                         _module.register_module_module_registration_hook(self._registered)]
+                         _module.register_module_module_registration_hook(self._registered)
+                         ] if registration_hooks else []
         self._walk()
         self._hold_flags(tuple(map(_requires_grad, self._tensors)))
         self._hold_groups()
@@ -152,7 +158,7 @@ class Wiring:
         """What changed since the last call, as events at `step` (empty: nothing). Each part
         is first asked whether it changed at all; only a yes works out what."""
         events, renamed = [], False
-        if self._dirty:
+        if self._dirty or not self._hooked:
             self._dirty = False
             old_names, old_ids = self._names, self._ids
             self._walk()

@@ -22,6 +22,7 @@ from ..judge.verdicts import (VERDICTS, judge, not_judged_without_optimizer,
 from ..measure.aggregate import build_params
 from ..measure.inventory import take_inventory
 from ..measure.observer import Observer
+from ..measure.unwrap import compiled_entry
 from ..measure.restore import SavedState
 from . import deadline
 from .deadline import is_timeout
@@ -58,7 +59,7 @@ def observe(setup: Setup, steps: int | None = None, *, restore: bool = True,
                                "nothing to diagnose")
         observer = Observer(inventory, setup.optimizers, delta=delta, sample=sample,
                             checksums=checksums, on_progress=on_progress,
-                            loop=loop_facts(setup))
+                            loop=loop_facts(setup), entry=compiled_entry(setup.model))
     except BaseException:
         deadline.finish()  # no steps will run: nothing left to time out
         raise

@@ -30,6 +30,7 @@ from ..measure.provenance import watch_sources
 from ..measure.run_clock import RunClock
 from ..measure.step_clock import StepClock
 from ..measure.step_state import LoopFacts
+from ..measure.unwrap import compiled_entry
 from . import watch_ends
 from .gather import RankChannel, distributed
 from .live import LiveFeed, shown
@@ -85,7 +86,7 @@ class Watch:
         self.report, self.steps, self.every, self.delta = bool(report), steps, every, delta
         self.out = None if out is None else Path(out)
         self.wrappers, self.optimizers, self.sources, self.inventory = [], [], [], None
-        self.run = self.observer = self.clock = self.channel = self.live = None
+        self.run = self.observer = self.clock = self.channel = self.live = self.entry = None
         self._diagnosis: Diagnosis | None = None
         self._finished, self._started = False, time.perf_counter()
         self._ended = "steps"  # how it ended: steps, stop, exit, SIGTERM, failed (meta["ended"])
@@ -107,6 +108,7 @@ class Watch:
         (or an engine diagkit refuses); anything else is diagkit's own failure (`__init__`)."""
         steps, every = self.steps, self.every
         inner, self.wrappers, optimizers = unwrapped(model, optimizer_or_list)
+        self.entry = compiled_entry(model)  # a compiled model's forward hook: on its wrapper
         self.inventory = take_inventory(inner, optimizers)
         # where the groups were built: recorded by a callback as the trainer built them, or
         # read from the caller's watch(...) statement
@@ -157,7 +159,8 @@ class Watch:
         loop may earn hookless reads (`EarnedShare`)."""
         return Observer(inventory, self.optimizers, delta=self.delta, sample=self.sample,
                         checksums=self.channel is not None, step_ends=True,
-                        loop=LoopFacts(may_earn_shares=self.channel is None))
+                        loop=LoopFacts(may_earn_shares=self.channel is None),
+                        entry=self.entry)
 
     # ------------------------------------------------------------------ the user's side
     def step(self) -> None:
@@ -249,6 +252,8 @@ class Watch:
     def _conclude(self, error: tuple[str, str] | None) -> None:
         """`_finish`'s work: the observations become a `Diagnosis`, saved to `out`."""
         self.clock.stop()
+        if self.run is None:  # the frozen base's read at the end (docs/cost.md)
+            self.observer.close_window()
         self.observer.detach()
         if self.run is not None:
             self.run.finish()

@@ -31,6 +31,7 @@ from ..judge.timeline import Timeline, as_finding, onsets
 from ..judge.verdicts import VERDICTS
 from ..measure.inventory import take_inventory
 from ..measure.kept_steps import KeptSteps
+from ..measure.unwrap import compiled
 from ..measure.wiring import Wiring
 from .pipeline import Observation, judge_observation
 from .whole_run_ranks import RankJoin
@@ -50,7 +51,9 @@ class WholeRun:
                  halt_on: str | None = None):
         self.watch, self.model, self.optimizers, self.every = watch, model, optimizers, every
         self.on_finding, self.halt_on = on_finding, halt_on
-        self.wiring = Wiring(model, optimizers)
+        # A compiled model: no global module hook (dynamo guards on them: a recompile)
+        self.wiring = Wiring(model, optimizers,
+                             registration_hooks=not compiled(model, watch.entry))
         self.events: list[dict] = []
         self.dropped: list[dict] = []          # observed steps not judged, and why
         self.timeline = Timeline()
@@ -101,17 +104,25 @@ class WholeRun:
                         for e in changes]
         if straddled is not None:
             self.dropped.append({"step": straddled, "why": "the wiring changed during it"})
-        self._close_window(replace=False, drop=straddled)
+        old = self.observer
+        self._close_window(replace=False, drop=straddled, read_base=False)
         self.inventory = take_inventory(self.model, self.optimizers)
         if self.watch.channel is not None:  # rank 0 joins the ranks' rows (pipeline stages)
             self.watch.channel.publish_rows(self.inventory.rows)
         self.observer = self.watch.new_observer(self.inventory)
+        self.observer.continue_window(old)  # what stays frozen: not read again
         self.burst_left, self.around = BURST, True
 
-    def _close_window(self, replace: bool = True, drop: int | None = None) -> None:
+    def _close_window(self, replace: bool = True, drop: int | None = None,
+                      read_base: bool = True) -> None:
         """Judge the window's steps (but `drop`) into the timeline, keep some of them,
-        announce what is new; then a fresh observer for the next window (the same wiring)."""
+        announce what is new; then a fresh observer for the next window (the same wiring).
+        `read_base`: read the frozen base first, its change marked on the window's last step
+        (not at a wiring change: a tensor unfrozen in the step it happened in would read as
+        changed while frozen; docs/cost.md, "When the frozen base is read")."""
         observer, around = self.observer, self.around
+        if read_base:
+            observer.close_window()
         steps = observer.steps_table() if self.judging else ()
         if drop is not None and len(steps):
             steps = steps[steps["step"] != drop].reset_index(drop=True)
@@ -125,6 +136,7 @@ class WholeRun:
         self.around = False
         if replace:
             self.observer = self.watch.new_observer(self.inventory)
+            self.observer.continue_window(observer)  # from the read just taken
         if self.judging and (around or time.monotonic() - self._saved_at > SAVE_SECONDS):
             self.save()
 
