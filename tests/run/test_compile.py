@@ -2,7 +2,7 @@
 observed and unobserved steps and detaching add no graph break, no new graph and no traced
 frame (dynamo's own counters), under `watch` (steps and the whole run) and `diagnose`; the
 verdicts stay exact. Under compiled autograd the hooks are traced away: the steps are not
-observed, one logged line says so, and nothing raises (docs/cost.md, "torch.compile")."""
+observed, one logged line says so, and nothing raises (docs/watch.md, "torch.compile")."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ from .step_state import StepState
 
 _GRAD_AND_FLAG = operator.attrgetter("grad", "requires_grad")
 COMPILED_BACKWARD = ("its backward ran under compiled autograd, where diagkit's gradient hooks "
-                     "are traced away: used and the gradients are not observed (docs/cost.md, "
+                     "are traced away: used and the gradients are not observed (docs/watch.md, "
                      "\"torch.compile\")")
 
 
