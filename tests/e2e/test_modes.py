@@ -223,10 +223,12 @@ def test_modes_give_the_verdicts_of_exact_mode(build, mode, exact_runs):
         assert b["delta_norm"].isna().all() and b["update_ratio"].isna().all()
     else:
         small = b["name"].map(dict(zip(other.params["name"], other.params["numel"]))) <= SAMPLE
-        # Snapshots in both, though not always through the same kernels: exact mode
-        # fingerprints a frozen tensor no optimizer holds, so a small one may sit in no bucket
-        # group there and in one here (float32 rounding of the norm).
-        np.testing.assert_allclose(a.loc[small, "delta_norm"], b.loc[small, "delta_norm"],
+        # Snapshots here; in exact mode a frozen tensor no optimizer holds is fingerprinted
+        # when observing begins and ends, never per step: its norm is NaN (not measured)
+        # there, and compared where both measured it (float32 rounding of the norm: a small
+        # one may sit in a bucket group here and in none there).
+        both = small & a["delta_norm"].notna()
+        np.testing.assert_allclose(a.loc[both, "delta_norm"], b.loc[both, "delta_norm"],
                                    rtol=1e-6)
         # Never 0 for a change: an estimate, or NaN where the change missed the sample.
         moved = b.loc[b["changed"], "delta_norm"]

@@ -8,6 +8,11 @@ where, that a frozen tensor changed by hand still reads as changed (and as
 the plain exact probe's `changed` on random tensors and edits, the CUDA memory budget's choice
 (a pure function, and its wiring with the device faked), and the bytes a LoRA fine-tune's probe
 allocates.
+
+The frozen base is read when observing begins and ends, not at each step (`FrozenWindow`;
+docs/cost.md, "When the frozen base is read"): a change is marked on the last recorded step.
+The window's own tests (reads counted, `diagnose`, `watch`, the whole run, restore) are in
+tests/measure/test_frozen_window.py.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from diagkit.measure.inventory import take_inventory
 from diagkit.measure.observer import Observer
 from diagkit.measure.probes import make_probe
 from diagkit.measure.readback import Pending
+from diagkit.measure.step_records import StepRecords
 from test_probe_oracle import ORACLE, apply, edits, tensors
 
 MiB = 1 << 20
@@ -45,6 +51,15 @@ def one_step(probe, ts, change, consecutive=False):
     pending = Pending()
     probe.end(pending)
     return probe.resolve(pending.read())
+
+
+def recorded(n: int, steps) -> StepRecords:
+    """Records of `steps` [(delta, changed)], over `n` tensors: what `FrozenWindow.close`
+    marks (only `changed` and `delta_norm` are read)."""
+    records = StepRecords([str(k) for k in range(n)], False)
+    for i, (delta, changed) in enumerate(steps):
+        records.add(i, {"delta_norm": delta, "changed": changed})
+    return records
 
 
 def mixed():
@@ -76,14 +91,25 @@ def test_exact_mode_snapshots_what_can_train_and_fingerprints_the_rest():
             ts[4][1] = -3
             ts[6][0] = torch.tensor(2.0).to(torch.float8_e4m3fn)
         delta, changed, ratio = one_step(probe, ts, change)
-        assert changed.tolist() == [True, False, False, True, True, False, True, False, False]
+        # Printed each step: int8 held (4). The frozen base (3, 5, 6, 8): not read per step.
+        assert probe.window.indices == [3, 5, 6, 8] and probe.prints.indices == [4]
+        assert changed.tolist() == [True, False, False, False, True, False, False, False, False]
         assert delta[0] == pytest.approx(math.sqrt(5.0)) and delta[1] == delta[2] == 0.0
-        # Fingerprinted: 0 when the print is unchanged, NaN (not measured) when it changed.
-        assert np.isnan(delta[[3, 4, 6]]).all() and (delta[[5, 8]] == 0.0).all()
+        # Fingerprinted per step: NaN (not measured) when its print changed, else 0.
+        assert math.isnan(delta[4])
+        assert np.isnan(delta[[3, 5, 6, 8]]).all()  # the window's: not measured per step
         assert math.isnan(delta[7]) and math.isnan(ratio[7])  # meta: nothing read
         assert np.isnan(ratio[3:]).all() and np.isnan(probe.value_norm[3:]).all()
+        steps = [(delta, changed)]
         delta, changed, _ = one_step(probe, ts, lambda ts: None, consecutive=True)
-        assert not changed.any() and math.isnan(delta[7])
+        assert not changed.any() and math.isnan(delta[7]) and delta[4] == 0.0
+        steps.append((delta, changed))
+        records = recorded(len(ts), steps)
+        assert probe.window.close(records) == {3, 6}  # read at the end: on the last step
+        assert records.one(1)["changed"].tolist() == [False] * 3 + [True, False, False, True,
+                                                                    False, False]
+        assert not records.one(0)["changed"][[3, 6]].any()
+        assert probe.window.close(recorded(len(ts), steps)) == set()  # goes on from there
     finally:
         probe.detach()
 
@@ -133,14 +159,18 @@ def test_the_split_gives_the_plain_exact_probes_changed(data):
     and random edits (sign flips of pairs, bit flips, NaN in and out, -0.0 for +0.0, changes
     while unobserved), the split probe's `changed` is the plain exact probe's, step by step.
     Where both snapshot, the norms agree too; where the split fingerprints, its norm is 0 for
-    no change and NaN for a change."""
+    no change and NaN for a change. The frozen base (the window) is read at the end only: it
+    is marked changed exactly when its values at the end differ from those at attach (floats
+    as a snapshot compares them, the rest bit for bit, as they are printed)."""
     ts = data.draw(st.lists(tensors(), min_size=1, max_size=5))
     twins = [t.clone() for t in ts]
+    start = [t.clone() for t in ts]
     frozen = data.draw(st.sets(st.integers(0, len(ts) - 1)))
     split = make_probe("exact", ts, likely_static=frozen, frozen=frozen)
     plain = ExactProbe(twins, range(len(twins)), frozen)
     split.attach()
     plain.attach()
+    windowed, steps = set(split.window.indices), []
     try:
         for step in range(data.draw(st.integers(1, 3))):
             gap = data.draw(st.booleans()) and step > 0
@@ -156,14 +186,30 @@ def test_the_split_gives_the_plain_exact_probes_changed(data):
                 apply_same_values(ts, same)
             got = one_step(split, ts, change, step > 0 and not gap)
             want = one_step(plain, twins, change, step > 0 and not gap)
-            assert got[1].tolist() == want[1].tolist(), (ts, edit)
+            steps.append(got[:2])
+            for k in range(len(ts)):
+                if k in windowed:
+                    assert not got[1][k] and math.isnan(got[0][k])
+                else:
+                    assert got[1][k] == want[1][k], (k, ts, edit)
             for k in split.split.snapshot:
                 assert got[0][k] == pytest.approx(want[0][k], rel=1e-5, nan_ok=True)
-            for k in split.split.prints:
+            for k in set(split.split.prints) - windowed:
                 assert got[0][k] == 0.0 if not got[1][k] else math.isnan(got[0][k])
+        marked = split.window.close(recorded(len(ts), steps))
+        assert marked == {k for k in windowed if values_differ(start[k], ts[k])}, (start, ts)
     finally:
         split.detach()
         plain.detach()
+
+
+def values_differ(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """As the frozen base's print tells: a float's values (NaN equal to NaN, +0.0 to -0.0),
+    anything else's bits."""
+    if a.dtype.is_floating_point and a.element_size() > 1:
+        return not bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return not torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
+                           b.contiguous().reshape(-1).view(torch.uint8))
 
 
 def test_a_signed_zero_or_another_nan_is_no_change_in_the_frozen_base():
@@ -177,9 +223,10 @@ def test_a_signed_zero_or_another_nan_is_no_change_in_the_frozen_base():
             ts[0][0] = -0.0
             ts[0].view(torch.int32)[1] = 0x7FC00123  # another NaN
             ts[1][3] = -0.0
-        assert one_step(probe, ts, same_values)[1].tolist() == [False, False]
-        assert one_step(probe, ts, lambda ts: ts[1].__setitem__(0, 1e-3),
-                        consecutive=True)[1].tolist() == [False, True]
+        step = one_step(probe, ts, same_values)
+        assert probe.window.close(recorded(2, [step[:2]])) == set()
+        step = one_step(probe, ts, lambda ts: ts[1].__setitem__(0, 1e-3), consecutive=True)
+        assert probe.window.close(recorded(2, [step[:2]])) == {1}
     finally:
         probe.detach()
 
@@ -193,12 +240,12 @@ def frozen_base():
 
 
 def check_frozen_but_changing(diag) -> None:
-    """0.weight changed at step 2 only, read from its fingerprint (NaN norm there), and is
-    judged frozen_but_changing; 0.bias, fingerprinted and untouched, is not."""
+    """0.weight changed at step 2, read from its fingerprint when observing ended: marked
+    changed on the last step (dated to the window; its norm never measured), and judged
+    frozen_but_changing; 0.bias, fingerprinted and untouched, is not."""
     rows = diag.steps[diag.steps["name"] == "0.weight"].sort_values("step")
-    assert rows["changed"].tolist() == [False, False, True, False]
-    delta = rows["delta_norm"].tolist()
-    assert math.isnan(delta[2]) and [delta[i] for i in (0, 1, 3)] == [0.0, 0.0, 0.0]
+    assert rows["changed"].tolist() == [False, False, False, True]
+    assert rows["delta_norm"].isna().all()
     assert "frozen_but_changing" in diag.verdicts()["0.weight"]
     assert "frozen_but_changing" not in diag.verdicts()["0.bias"]
 

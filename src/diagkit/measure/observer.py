@@ -33,6 +33,7 @@ from . import rewrites
 from .readback import Pending, as_float
 from .shards import local, measured_parts
 from .skips import Holdings, merged_skips, resting_rows
+from .split_probe import FrozenWindow
 from .step_records import StepRecords
 from .step_state import LoopFacts, StepState
 from .strategy_plan import plan_strategies
@@ -81,8 +82,11 @@ class Observer:
                                 if not t.requires_grad or k not in held}, sample,
             frozen={k for k, t in enumerate(self.tensors)  # fingerprinted, not copied
                     if not t.requires_grad and k not in held}, memory_budget=memory_budget)
+        # The frozen base, read when observing begins and ends (`close_window`), not each step.
+        self.window = getattr(self.probe, "window", None) or FrozenWindow(self.local, [])
         if checksums:
             self.probe.checksum_of = set(self.shards.fingerprinted)
+            self.window.indices = []  # each step is published as recorded: read every step
         self._grad_buckets = Buckets(self.local)
         self.everything = Layout(list(range(n)), self._grad_buckets)
         plan = plan_strategies(self, self._held_by, self._handles)
@@ -99,7 +103,9 @@ class Observer:
     def __enter__(self) -> "Observer":
         return self.attach() or self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close_window()
         self.detach()
 
     def attach(self) -> None:
@@ -127,6 +133,18 @@ class Observer:
             self.state.release()
 
     attached = property(lambda self: bool(self._handles), doc="Whether any hook is set.")
+
+    def close_window(self) -> set[int]:
+        """Observing ends: read the frozen base once and mark what changed since it was last
+        read changed on the last recorded step (`split_probe.FrozenWindow`). Whoever ends
+        observing calls it before judging, attached or not (`with Observer` does, before
+        detaching); never raises. Returns the tensors marked."""
+        return self.window.close(self.records)
+
+    def continue_window(self, other: "Observer") -> None:
+        """Go on with `other`'s frozen-base window instead of reading the base again (a whole
+        run's next observer: `diagkit.run.whole_run`)."""
+        self.window.continue_from(other.window)
 
     def progress(self, event: str) -> None:
         if self.on_progress is not None:

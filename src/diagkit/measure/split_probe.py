@@ -15,6 +15,10 @@ lacks. So exact mode splits the tensors (`split`):
   the print is unchanged and NaN (not measured) when it changed; `update_ratio` is NaN;
 - never read: a tensor on the meta device (no values): NaN norms, `changed` False.
 
+The frozen base is not read at every step (`FrozenWindow`): once when observing begins and
+once when it ends, so its per-step cost is nothing; a change between the two stays exact but
+is dated only to the window (docs/cost.md, "When the frozen base is read").
+
 On CUDA the snapshots are first checked against `memory_budget`, a fraction of the device's
 free memory: past it the largest tensors are fingerprinted instead (`over_budget`, a pure
 function), and one line says so through `logging.getLogger("diagkit")`.
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import numpy as np
 import torch
@@ -31,7 +36,7 @@ import torch
 from ..core.format import human_bytes
 from ..core.options import DEFAULTS
 from .exact_probe import ExactProbe
-from .fingerprint import Prints, stored_as_code
+from .fingerprint import Fingerprinter, Prints, prints_differ, stored_as_code
 from .readback import Pending
 
 log = logging.getLogger("diagkit")
@@ -98,23 +103,31 @@ class SplitProbe:
         self.memory_budget = memory_budget
         self.split = split(tensors, frozen)
         self.over_budget: list[int] = []  # moved to the fingerprint by `memory_budget`
-        self._plan(self.split.snapshot, self.split.prints)
+        # The frozen base, read at the window's edges only (the observer empties it where
+        # each step is published as it is recorded: under a process group).
+        self.window = FrozenWindow(tensors, [k for k in self.split.prints if k in frozen])
+        self.exact = ExactProbe(self.tensors, self.split.snapshot, self.likely_static)
+        self.prints = Prints(self.tensors, [], values=True)  # planned at `attach`
         self.checksum_of: set[int] = set()
         self.checksums: dict[int, torch.Tensor] = {}
 
-    def _plan(self, snapshot: list[int], prints: list[int]) -> None:
-        self.exact = ExactProbe(self.tensors, snapshot, self.likely_static)
-        self.prints = Prints(self.tensors, prints, values=True)  # as a snapshot compares
-
     def attach(self) -> None:
-        """The budget check (CUDA), then the snapshots and the prints before the first step."""
+        """The budget check (CUDA), then the snapshots and the per-step prints before the
+        first step, and the frozen base's prints unless its window is open already (a whole
+        run's observer attaches before each observed step)."""
         over = self._over_budget(self.split.snapshot)
         if over:
             self.over_budget = over
-            self._plan([k for k in self.split.snapshot if k not in set(over)],
-                       sorted(self.split.prints + over))
+            self.exact = ExactProbe(self.tensors, [k for k in self.split.snapshot
+                                                   if k not in set(over)], self.likely_static)
+        windowed = set(self.window.indices)
+        per_step = sorted(self.split.prints + self.over_budget)
+        # Values, not bits: as a snapshot compares.
+        self.prints = Prints(self.tensors, [k for k in per_step if k not in windowed],
+                             values=True)
         self.exact.attach()
         self.prints.attach()
+        self.window.open()
 
     def _over_budget(self, snapshot: list[int]) -> list[int]:
         """The CUDA tensors whose snapshots would pass `memory_budget` of their device's free
@@ -145,6 +158,8 @@ class SplitProbe:
         return self.exact.allocated_bytes()
 
     def detach(self) -> None:
+        """Free the buffers; the frozen base's window stays open (a few dozen bytes a
+        tensor): a whole run's observer detaches between its observed steps."""
         self.exact.detach()
         self.prints.clear()
 
@@ -168,4 +183,83 @@ class SplitProbe:
         moved = self.prints.changed(got, "fp")
         changed[at] = moved
         delta[at] = np.where(moved, np.nan, 0.0)  # an unchanged print: exactly no change
+        # The window's tensors are not read here: changed False, delta_norm NaN (not
+        # measured) until `FrozenWindow.close` marks a change on the window's last step.
         return delta, changed, ratio
+
+
+class FrozenWindow:
+    """The frozen base checked over a window of steps, not at each (docs/cost.md, "When the
+    frozen base is read"): fingerprinted when observing begins (`open`, at attach) and when it
+    ends (`close`, called by whoever ends observing, before the steps are judged). A change
+    between the two is exact (the fingerprint's bound) but dated only to the window: `close`
+    marks it changed on the last recorded step (delta_norm NaN), so `frozen_but_changing`
+    still fires. A tensor's version counter cannot stand in for the read (a write through
+    `.data` or numpy does not bump it). `indices`: tensors no optimizer holds and that do not
+    require grad when observing begins; empty: nothing to read."""
+
+    def __init__(self, tensors: list[torch.Tensor], indices):
+        self.tensors, self.indices = tensors, list(indices)
+        self._before: list[np.ndarray | None] | None = None  # None: the window is not open
+        self.reads = 0        # reads of the base so far (each of every tensor it still needs)
+        self.seconds = 0.0    # the last read's duration
+
+    def _take(self, positions: list[int]) -> list[np.ndarray]:
+        """The value prints of `indices[positions]`, read back in one transfer per device.
+        The fingerprint's scratch is not kept: reads are rare, and the memory is the run's."""
+        start, fingerprint, pending = time.perf_counter(), Fingerprinter(), Pending()
+        with torch.no_grad():
+            prints = [fingerprint(self.tensors[self.indices[p]], values=True)
+                      for p in positions]
+        pending.add("fp", [])
+        for one in prints:
+            pending.add("fp", one)
+        flat = pending.read()["fp"]
+        bounds = np.cumsum([0] + [one.numel() for one in prints])
+        self.reads += 1
+        self.seconds = time.perf_counter() - start
+        return [flat[a:b].copy() for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def open(self) -> None:
+        """Take the prints the window starts from, of the tensors that have none yet (all of
+        them at the first attach, none at a whole run's later ones)."""
+        if self._before is None:
+            self._before = [None] * len(self.indices)
+        missing = [p for p, have in enumerate(self._before) if have is None]
+        if missing:
+            for p, taken in zip(missing, self._take(missing)):
+                self._before[p] = taken
+
+    def continue_from(self, other: "FrozenWindow") -> None:
+        """Go on with `other`'s window (a whole run's next observer): a tensor in both, by
+        identity, keeps its print and is not read again; the others are read at `open`."""
+        if other._before is None:
+            return
+        had = {id(other.tensors[k]): (other.tensors[k], b)
+               for k, b in zip(other.indices, other._before) if b is not None}
+        self._before = [had[id(t)][1] if id(t) in had and had[id(t)][0] is t else None
+                        for t in (self.tensors[k] for k in self.indices)]
+
+    def close(self, records) -> set[int]:
+        """Read the base once; mark each tensor whose print differs from the window's start
+        changed on the last recorded step holding it (`StepRecords.mark_changed`). The window
+        then goes on from this read, but for a change no recorded step could carry: the next
+        read finds it again. Nothing is read with no recorded step (a whole run that ends
+        right after a window closed: what follows its last observed step is not observed).
+        Never raises: a base that cannot be read is one logged line. Returns the indices
+        marked."""
+        if self._before is None or not self.indices or not len(records):
+            return set()
+        try:
+            after = self._take(list(range(len(self.indices))))
+            moved = [p for p, (b, a) in enumerate(zip(self._before, after))
+                     if b is not None and prints_differ(b, a, [len(b)], [len(a)])[0]]
+            marked = records.mark_changed([self.indices[p] for p in moved])
+        except Exception as exc:  # never into the user's loop
+            log.warning("diagkit: the frozen base could not be read at the end of the "
+                        "observed steps (%s: %s): a change of it since they began is not "
+                        "seen", type(exc).__name__, exc)
+            return set()
+        self._before = [b if p in moved and self.indices[p] not in marked else a
+                        for p, (b, a) in enumerate(zip(self._before, after))]
+        return marked

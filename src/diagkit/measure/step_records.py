@@ -35,10 +35,34 @@ class StepRecords:
         self._step_ids.append(step)
         self._rows.append(rows)
 
+    def mark_changed(self, indices) -> set[int]:
+        """Mark tensors (indices) changed on the last recorded step holding each, delta_norm
+        NaN (not measured): the frozen base's change, found when observing ends and dated to
+        the window (`measure.split_probe.FrozenWindow`). The record is replaced, never edited
+        in place, so a `snapshot()` taken before keeps what it saw. Returns the indices
+        marked (none with no recorded step)."""
+        left, marked = set(int(k) for k in indices), set()
+        for i in range(len(self._records) - 1, -1, -1):
+            if not left:
+                break
+            rows = self._rows[i]
+            at = (sorted(left) if rows is None
+                  else [pos for pos, k in enumerate(rows.tolist()) if k in left])
+            if not at:
+                continue
+            got = set(at) if rows is None else {int(rows[pos]) for pos in at}
+            record = dict(self._records[i])
+            for col, value in (("changed", True), ("delta_norm", np.nan)):
+                record[col] = record[col].copy()
+                record[col][at] = value
+            self._records[i] = record
+            left, marked = left - got, marked | got
+        return marked
+
     def snapshot(self) -> "StepRecords":
-        """The records so far, as later steps will not change them (a record is never changed
-        once added, so copying the lists is enough): what the live view reads on its own
-        thread while the loop goes on (`diagkit.run.live`)."""
+        """The records so far, as later steps will not change them (a record is replaced,
+        never changed in place, so copying the lists is enough): what the live view reads on
+        its own thread while the loop goes on (`diagkit.run.live`)."""
         copy = StepRecords(self.names, self.checksums)
         copy._records, copy._step_ids = self._records[:], self._step_ids[:]
         copy._rows = self._rows[:]
