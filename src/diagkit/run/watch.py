@@ -46,7 +46,8 @@ def watch(model, optimizer_or_list=None, *, steps: int | None = DEFAULTS["watch_
           every: int = DEFAULTS["every"], delta: str = DEFAULTS["delta"],
           sample: int = DEFAULTS["sample"], out=None, report: bool = False,
           timeout: float = DEFAULTS["timeout"], on_finding=None,
-          halt_on: str | None = None, live: bool | None = None) -> "Watch":
+          halt_on: str | None = None, live: bool | None = None,
+          memory_budget: float = DEFAULTS["memory_budget"]) -> "Watch":
     """Observe the next `steps` observed optimizer steps of the user's own loop (steps 0,
     every, 2*every, ... counted from now), then detach and judge.
 
@@ -65,12 +66,15 @@ def watch(model, optimizer_or_list=None, *, steps: int | None = DEFAULTS["watch_
     to (`diagkit.load`); under a process group only rank 0 writes it. `report`: also render the
     HTML report into `out/report/` at the end (a notebook kernel runs for some seconds then).
     `timeout`: seconds rank 0 waits at the end for the other ranks' observations.
+    `memory_budget`: on CUDA, the share of the free device memory exact mode's snapshots may
+    take; past it the largest tensors are fingerprinted instead (`meta["over_budget"]`).
     The optimizers exist already: where their groups were built is read from the caller's
     `watch(...)` statement (`measure.provenance.watch_sources`).
     """
     return Watch(model, optimizer_or_list, steps=steps, every=every, delta=delta,
                  sample=sample, out=out, report=report, timeout=timeout,
-                 on_finding=on_finding, halt_on=halt_on, live=live, caller=sys._getframe(1))
+                 on_finding=on_finding, halt_on=halt_on, live=live, caller=sys._getframe(1),
+                 memory_budget=memory_budget)
 
 
 class Watch:
@@ -79,10 +83,11 @@ class Watch:
 
     def __init__(self, model, optimizer_or_list, *, steps, every, delta, sample, out, report,
                  timeout, on_finding=None, halt_on=None, caller=None, first_step=0,
-                 sources=None, live=None):
+                 sources=None, live=None, memory_budget=DEFAULTS["memory_budget"]):
         check_watch_options(steps=steps, every=every, delta=delta, sample=sample, out=out,
                             report=report, timeout=timeout, on_finding=on_finding,
-                            halt_on=halt_on, live=live)
+                            halt_on=halt_on, live=live, memory_budget=memory_budget)
+        self.memory_budget = memory_budget
         self.report, self.steps, self.every, self.delta = bool(report), steps, every, delta
         self.out = None if out is None else Path(out)
         self.wrappers, self.optimizers, self.sources, self.inventory = [], [], [], None
@@ -160,7 +165,7 @@ class Watch:
         return Observer(inventory, self.optimizers, delta=self.delta, sample=self.sample,
                         checksums=self.channel is not None, step_ends=True,
                         loop=LoopFacts(may_earn_shares=self.channel is None),
-                        entry=self.entry)
+                        entry=self.entry, memory_budget=self.memory_budget)
 
     # ------------------------------------------------------------------ the user's side
     def step(self) -> None:
@@ -335,7 +340,15 @@ class Watch:
                 "ended": self._ended,
                 "seconds": round(time.perf_counter() - self._started, 4),
                 "torch": torch.__version__,
-                **({"optimizer_sources": self.sources} if self.sources else {})}
+                **({"optimizer_sources": self.sources} if self.sources else {}),
+                **self._over_budget()}
+
+    def _over_budget(self) -> dict:
+        """The tensors `memory_budget` moved from a snapshot to the fingerprint (CUDA), by
+        name, so the result says so (docs/cost.md)."""
+        moved = getattr(getattr(self.observer, "probe", None), "over_budget", None) or []
+        names = self.inventory.names if self.inventory is not None else []
+        return {"over_budget": [names[k] for k in moved if k < len(names)]} if moved else {}
 
     def _save(self) -> None:
         """Write `out` (and the report): `watch_save.save`."""

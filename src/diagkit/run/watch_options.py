@@ -7,19 +7,21 @@ from pathlib import Path
 
 from ..core.errors import DiagkitError
 from ..core.files import check_output_dir
-from ..core.options import check_run_options, positive_seconds
+from ..core.options import DEFAULTS, check_option, check_run_options, positive_seconds
 from ..measure.unwrap import unwrap_model, unwrap_optimizers
 from ..measure.zero import ZeroView
 from .live import check_live
 
 
 def check_watch_options(*, steps, every, delta, sample, out, report, timeout, on_finding=None,
-                        halt_on=None, live=None) -> None:
+                        halt_on=None, live=None,
+                        memory_budget=DEFAULTS["memory_budget"]) -> None:
     """Every option of `watch` checked before anything is attached (the callbacks check theirs
     with it as they are built): a bad one, or an `out` that cannot be written, fails now, not
     after training."""
     check_run_options(steps=steps, delta=delta, every=every, sample=sample)
     positive_seconds(timeout, "timeout")
+    check_option("memory_budget", memory_budget)
     check_live(live)
     if on_finding is not None and not callable(on_finding):
         raise DiagkitError(f"on_finding must be a callable taking a Finding, got "
