@@ -193,7 +193,8 @@ def update_ratio_figure(steps: pd.DataFrame, params: pd.DataFrame, top: int = 8)
     if steps.empty or params.empty:
         no_data(ax, "no tensors" if params.empty else "no step completed", title, ylabel)
         return fig
-    ratio = _wide(steps, ["update_ratio"])["update_ratio"]
+    wide = _wide(steps, ["update_ratio", "delta_norm"])
+    ratio = wide["update_ratio"]
     values = ratio.to_numpy(dtype=float, na_value=np.nan)
     finite = np.isfinite(values)
     if not finite.any():
@@ -218,7 +219,10 @@ def update_ratio_figure(steps: pd.DataFrame, params: pd.DataFrame, top: int = 8)
     drew_floor = _ratio_lines(ax, x, lines, _verdicts_of(params), floor)
     if drew_floor or not positive.any():
         ax.axhline(floor, color="0.4", ls=":", lw=1, label=f"0: no change (drawn at {floor:.0e})")
-    notes = _ratio_notes(never=len(rest) - len(changing), undefined=len(names) - len(has_data))
+    # no change norm on any step: checked without a copy (the frozen base, docs/cost.md)
+    unmeasured = int(wide["delta_norm"].isna().all(axis=0).sum())
+    notes = _ratio_notes(never=len(rest) - len(changing),
+                         undefined=len(names) - len(has_data) - unmeasured, unmeasured=unmeasured)
     finish(ax, title, ylabel, notes, [])
     if positive.any():
         ax.set_ylim(bottom=floor / 2)
@@ -250,9 +254,12 @@ def _ratio_lines(ax, x, lines: list, verdicts: dict, floor: float) -> bool:
     return drew_floor
 
 
-def _ratio_notes(never: int, undefined: int) -> list[str]:
+def _ratio_notes(never: int, undefined: int, unmeasured: int = 0) -> list[str]:
     """Legend notes for the tensors the ratio figure cannot draw: none is silently left out."""
     notes = []
+    if unmeasured:
+        notes.append(f"{unmeasured} tensor{'s' if unmeasured != 1 else ''} checked without a "
+                     "copy (changed or not, no ratio)")
     if never:
         notes.append(f"{never} other tensor{'s' if never != 1 else ''} never changed (ratio 0)")
     if undefined:
