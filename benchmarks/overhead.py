@@ -34,6 +34,9 @@ Prints a table with each measured ratio beside its goal and writes everything to
   O. a LoRA fine-tune (r=8 on q/v, peft) of an 8-layer Llama: extra peak RSS per delta mode,
      watched step against plain (A/A control), and the 70B LoRA plan's snapshot bytes on meta
      (lora_time.py; issue 35).
+  P. the GPT under `torch.compile` (inductor): watched step against plain (A/A control), a
+     whole-run watch's observed and unobserved steps, and dynamo's counters before and after
+     observing (compile_time.py; issue 35).
   E. with --device cuda: the ~350M-parameter GPT on the GPU (step ratio per delta mode, host
      syncs and device bytes allocated per observed step, peak device memory per mode).
 
@@ -730,7 +733,7 @@ def _mark(value: float, goal: float) -> str:
 
 
 SECTIONS = ["time", "watch", "fsdp", "zero", "memory", "report", "stride", "import", "whole",
-            "live", "call", "group", "meta", "lora"]
+            "live", "call", "group", "meta", "lora", "compile"]
 
 
 def main(argv=None) -> int:
@@ -913,6 +916,12 @@ def main(argv=None) -> int:
     elif "lora" not in args.skip:
         with _guarded(lines, "lora", result, out_path):
             lines += _lora_lines(args.quick, result)
+    if "compile" not in args.skip:
+        with _guarded(lines, "compile", result, out_path):
+            from compile_time import compile_lines, time_compiled
+            print("[compile] the GPT under torch.compile ...", file=sys.stderr, flush=True)
+            result["compile"] = time_compiled(build, sz["gpt"], rounds=2 if args.quick else 5)
+            lines += compile_lines(result["compile"], GOALS["step_ratio_gpt"])
     if "live" not in args.skip:
         with _guarded(lines, "live", result, out_path):
             from live_time import live_lines, time_live
