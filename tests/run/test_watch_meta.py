@@ -79,6 +79,12 @@ def test_an_optimizer_built_before_to_empty_holds_meta_tensors_not_in_model(delt
     stale = next(f for f in diag.findings if f.code == "not_in_model")
     assert "optimizer was built before the model was materialised" in stale.message
     assert stale.fix.startswith("Build the optimizer after materialising")
+    # nothing in the run trains, and the run-level finding names this cause, not a freeze
+    # loop or an adapter (judge/rules_run.py)
+    [nothing] = [f for f in diag.findings if f.code == "nothing_trains"]
+    assert "optimizer was built before the model was materialised" in nothing.message
+    assert "freeze loop" not in nothing.message and "PeftModel" not in nothing.fix
+    assert nothing.fix.startswith("Build the optimizer after materialising")
 
 
 @pytest.mark.parametrize("steps", [3, None])

@@ -56,8 +56,11 @@ def _explain_nothing_trains(label, group, steps):
         why = (f"{int(reached.sum())} tensor(s) require grad and get gradients, but no optimizer "
                "holds any of them (" + ("the optimizers' groups are empty" if not held.any()
                                         else "the optimizers hold only other tensors") + ")")
+    stale = _stale_meta(group)
     message = (f"Nothing in this run can train: {why}, so no optimizer step can change what "
-               "the model computes. " + _causes(group))
+               "the model computes. " + (_STALE_CAUSE if stale else _causes(group)))
+    if stale:
+        return message, _STALE_FIX
     fix = ("Make what should train trainable, then build the optimizer from it: for an adapter, "
            "PeftModel.from_pretrained(base, path, is_trainable=True) (check with "
            "model.print_trainable_parameters()); after a freeze loop, unfreeze the part to "
@@ -75,6 +78,25 @@ def _wanted(group: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.Series, pd.Ser
         return rg, rg
     rg, used = rg_used_counts(group, steps)
     return rg > 0, used > 0
+
+
+_STALE_CAUSE = ("Cause: the optimizer was built before the model was materialised: it holds "
+                "the tensors on the meta device, and to_empty() (or load_state_dict(..., "
+                "assign=True)) gave the model new ones, which no optimizer holds.")
+_STALE_FIX = ("Build the optimizer after materialising: model.to_empty(device=...); "
+              "initialise or load the weights; then optimizer = torch.optim.AdamW("
+              "[p for p in model.parameters() if p.requires_grad], ...).")
+
+
+def _stale_meta(group: pd.DataFrame) -> bool:
+    """The optimizers hold only tensors on the meta device that are not the model's (built
+    before `to_empty()`), while the model's own tensors are real: docs/meta.md."""
+    held = in_optimizer(group)
+    if not held.any() or "device" not in group:
+        return False
+    meta = group["device"].astype(str) == "meta"
+    return bool((meta[held] & ~group["in_model"].astype(bool)[held]).all()
+                and (~meta[group["in_model"].astype(bool)]).any())
 
 
 def _causes(group: pd.DataFrame) -> str:
