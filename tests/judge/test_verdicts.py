@@ -21,7 +21,6 @@ SPEC_TABLE = {
     "frozen_but_changing": "error",
     "stalled": "error",
     "zero_gradient": "warning",
-    "zero_gradient_at_start": "info",
     "nonfinite_grad": "error",
     "decay_on_norm_or_bias": "info",
     "in_multiple_optimizers": "error",

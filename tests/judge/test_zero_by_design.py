@@ -1,18 +1,22 @@
 """Zero by design is not a finding (issue 35, item 5b), on hand-made tables: `zero_gradient`
-counts only the steps that can tell (`rules_change.told`), `zero_gradient_at_start` says when
-none could, and findings of one verdict on sibling modules are one finding
-(`findings.subtrees`)."""
+counts only the steps that can tell (`rules_change.told`); a tensor none of whose steps could
+tell keeps no verdict for it (the vocabulary is fixed) and is named by
+`rules_change.zero_gradient_untold`, for the result's one line (`meta["not_judged"]`, worded
+by `present.sections.not_measured_line`); findings of one verdict on sibling modules are one
+finding (`findings.subtrees`)."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
 from conftest import T, tables, verdict_sets
 from diagkit.judge.findings import build_findings, subtrees
-from diagkit.judge.rules_change import told
-from diagkit.judge.verdicts import judge
+from diagkit.judge.rules_change import told, untold_why, zero_gradient_untold
+from diagkit.judge.verdicts import judge, not_judged_without_optimizer
+from diagkit.present.sections import not_measured_line
 
 NAN = math.nan
 
@@ -25,7 +29,8 @@ def zero(name: str, **kw) -> T:
 # ------------------------------------------------------------------ which steps tell
 def test_one_step_never_tells_when_another_tensor_moves_on_it():
     params, steps = tables(zero("a", n_steps=1), T("b", n_steps=1))
-    assert verdict_sets(params, steps)["a"] == {"zero_gradient_at_start", "stalled"}
+    assert verdict_sets(params, steps)["a"] == {"stalled"}  # no zero_gradient: cannot tell
+    assert zero_gradient_untold(params, steps) == ["a"]
 
 
 def test_the_steps_after_the_partner_moved_tell():
@@ -33,6 +38,7 @@ def test_the_steps_after_the_partner_moved_tell():
     zero on steps 1 and 2, it is a real zero_gradient."""
     params, steps = tables(zero("lora_A"), T("lora_B"))
     assert verdict_sets(params, steps)["lora_A"] == {"zero_gradient", "stalled"}
+    assert zero_gradient_untold(params, steps) == []  # judged: not named as untold
     # rows by step, lora_A then lora_B: step 0 cannot tell for A (B moves on it); it can for
     # B, whose only other tensor never moves
     assert list(told(steps)) == [False, True, True, True, True, True]
@@ -41,6 +47,7 @@ def test_the_steps_after_the_partner_moved_tell():
 def test_a_gradient_that_turns_non_zero_once_its_partner_moved_is_nothing():
     params, steps = tables(T("lora_A", grad_norm=[0.0, 0.3, 0.2]), T("lora_B"))
     assert verdict_sets(params, steps)["lora_A"] == {"ok"}
+    assert zero_gradient_untold(params, steps) == []
 
 
 def test_a_chain_of_zeros_waits_for_the_last_partner_to_move():
@@ -48,7 +55,8 @@ def test_a_chain_of_zeros_waits_for_the_last_partner_to_move():
     so only step 2 can tell anything about A."""
     chain = (zero("A", n_steps=2), T("B", grad_norm=[0.0, 1.0], changed=[False, True]),
              T("C", n_steps=2))
-    assert verdict_sets(*tables(*chain))["A"] == {"zero_gradient_at_start", "stalled"}
+    assert verdict_sets(*tables(*chain))["A"] == {"stalled"}
+    assert zero_gradient_untold(*tables(*chain)) == ["A"]
     chain = (zero("A"), T("B", grad_norm=[0.0, 1.0, 1.0], changed=[False, True, True]),
              T("C"))
     assert verdict_sets(*tables(*chain))["A"] == {"zero_gradient", "stalled"}
@@ -87,17 +95,38 @@ def test_a_tensor_alone_tells_on_its_first_step():
 def test_only_the_steps_it_was_used_count():
     params, steps = tables(zero("w", used=[True, False, False], grad_norm=[0.0, NAN, NAN]),
                            T("b"))
-    assert verdict_sets(params, steps)["w"] == {"zero_gradient_at_start", "intermittent",
-                                                "stalled"}
+    assert verdict_sets(params, steps)["w"] == {"intermittent", "stalled"}
+    assert zero_gradient_untold(params, steps) == ["w"]
 
 
-def test_at_start_is_info_and_says_one_step_cannot_tell():
+def test_a_step_that_cannot_tell_is_no_finding_and_one_line():
+    """A fresh LoRA's first step: lora_A's zeros are no verdict, no finding; they are the
+    result's one line."""
     params, steps = tables(zero("q.lora_A.weight", n_steps=1, changed=True),
                            T("q.lora_B.weight", n_steps=1))
     params["verdicts"], _ = judge(params, steps)
-    (f,) = build_findings(params, steps)
-    assert (f.code, f.severity) == ("zero_gradient_at_start", "info")
-    assert "cannot tell" in f.message and "1 observed step" in f.message
+    assert list(params["verdicts"]) == [("ok",), ("ok",)]
+    assert build_findings(params, steps) == []
+    names = zero_gradient_untold(params, steps)
+    assert names == ["q.lora_A.weight"]
+    why = untold_why(len(names), "q.lora_A")
+    line = not_measured_line(SimpleNamespace(meta={"not_judged": {"zero_gradient": why}}))
+    assert line.startswith("zero_gradient not judged: 1 tensor (q.lora_A) got only "
+                           "exactly-zero gradients, on steps that cannot tell")
+    assert line.endswith("observe more steps.") and "No optimizer" not in line
+
+
+def test_the_line_words_each_reason_apart():
+    """No optimizer and an untold zero together: one line, each reason worded for itself."""
+    unjudged = {**not_judged_without_optimizer(), "zero_gradient": untold_why(4, "x.*.lora_A")}
+    line = not_measured_line(SimpleNamespace(meta={"not_judged": unjudged}))
+    first, _, second = line.partition(". zero_gradient not judged: 4 tensors (x.*.lora_A)")
+    assert first.startswith("No optimizer (hand-written updates): membership verdicts")
+    assert "orphan" in first and "zero_gradient" not in first
+    assert second.endswith("observe more steps.")
+    # a saved diagnosis of a run without an optimizer reads as it did
+    only = not_measured_line(SimpleNamespace(meta={"not_judged": not_judged_without_optimizer()}))
+    assert only.startswith("No optimizer") and "not judged: orphan" in only
 
 
 # ------------------------------------------------------------------ sibling modules

@@ -4,6 +4,7 @@ Each rule is followed by the explanation of its findings (see `diagkit.judge.ver
 
 from __future__ import annotations
 
+from ..measure.aggregate import fold_ranks
 from .precision import PRECISION_FIX, rounded_away, rounding_why
 from .verdict import has_elements, in_optimizer, per_tensor, skipped, verdict
 from .wording import subject
@@ -90,7 +91,11 @@ def _explain_stalled(label, group, steps):
 @verdict("zero_gradient", "warning",
          ("It gets gradients, every one exactly zero, one of them on a step that can tell "
           "(every other tensor that step used had changed before it, or never changes): it "
-          "cannot influence the loss."),
+          "cannot influence the loss. Where no observed step can tell (a zero-initialised "
+          "partner, a fresh LoRA's `lora_B` or an adaLN-Zero / ReZero gate, has not moved yet: "
+          "one step of a fresh adapter), the tensor stays `ok` and the result says so in one "
+          "line (`meta[\"not_judged\"][\"zero_gradient\"]`, shown under the banner): "
+          "observe more steps."),
          needs="values")
 def zero_gradient(params, steps):
     """Only zeros on steps that can tell count (`told`): a zero-initialised partner that has
@@ -109,30 +114,24 @@ def _explain_zero_gradient(label, group, steps):
     return message, fix
 
 
-@verdict("zero_gradient_at_start", "info",
-         ("It gets gradients, every one exactly zero, but only on steps that cannot tell "
-          "(another tensor the step used first changes on that step or later). A "
-          "zero-initialised partner (LoRA's `lora_B`, an adaLN-Zero or ReZero gate, a zero "
-          "convolution) gives exactly that until it moves, which one step cannot show: "
-          "observe more."),
-         needs="values")
-def zero_gradient_at_start(params, steps):
+def zero_gradient_untold(params, steps) -> list[str]:
+    """The tensors `zero_gradient` cannot judge: used, every gradient exactly zero, but only
+    on steps that cannot tell (`told`), such as a fresh LoRA's lora_A on its first step (its
+    lora_B still at zero). No verdict: the result says so in one line (`untold_why`)."""
+    steps = fold_ranks(steps)
+    if not len(steps):
+        return []
     used, telling, nonzero = _zero_counts(params, steps)
-    return (telling == 0) & (used > 0) & (nonzero == 0) & has_elements(params)
+    untold = (telling == 0) & (used > 0) & (nonzero == 0) & has_elements(params)
+    return params.loc[untold.to_numpy(dtype=bool), "name"].tolist()
 
 
-@zero_gradient_at_start.explains
-def _explain_zero_gradient_at_start(label, group, steps):
-    s = steps[steps["name"].isin(set(group["name"])) & steps["used"].astype(bool)]
-    n = int(s["step"].nunique())
-    message = (f"{subject(label, group)} got only exactly-zero gradients, on {n} observed "
-               f"step(s) that cannot tell: on each, another tensor the step used had not made "
-               "its first change yet. A partner initialised to zero (a fresh LoRA's lora_B, a "
-               "zero gate or convolution) gives exactly that until it moves; a tensor that "
-               "cannot influence the loss gives it too.")
-    fix = ("Observe more steps (watch(..., steps=3) or more): from the step after its partners "
-           "first move, its gradient is non-zero, or the finding becomes zero_gradient.")
-    return message, fix
+def untold_why(count: int, where: str) -> str:
+    """Why `zero_gradient` was not judged for `count` tensors (`where`: their names or their
+    modules' pattern): the value of `meta["not_judged"]["zero_gradient"]`."""
+    return (f"{count} tensor{'s' if count != 1 else ''} ({where}) got only exactly-zero "
+            "gradients, on steps that cannot tell: a partner initialised to zero (a fresh "
+            "LoRA's lora_B, a zero gate or convolution) had not moved yet; observe more steps")
 
 
 def _zero_counts(params, steps):

@@ -17,6 +17,8 @@ from .verdict import (NEEDS, REGISTRY, RUN_VERDICTS, Verdict, optimizers_present
                       shared_rows)
 
 VERDICTS: dict[str, Verdict] = REGISTRY
+# Why a membership verdict is not judged: `meta["not_judged"]` maps each such verdict to it.
+NO_OPTIMIZER = "no optimizer"
 
 
 def severity_of(verdict: str) -> str:
@@ -49,7 +51,7 @@ def bytes_per_verdict(params: pd.DataFrame) -> dict[str, tuple[int, int]]:
 
 def not_judged_without_optimizer() -> dict[str, str]:
     """The verdicts a run with no optimizer does not judge (they speak of membership)."""
-    return {name: "no optimizer" for name, v in VERDICTS.items() if v.membership}
+    return {name: NO_OPTIMIZER for name, v in VERDICTS.items() if v.membership}
 
 
 def not_measured_on_meta() -> dict[str, str]:

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..core import severity
 from ..core.format import dotted_breaks, human_bytes
-from ..judge.verdicts import bytes_per_verdict, severity_of
+from ..judge.verdicts import NO_OPTIMIZER, bytes_per_verdict, severity_of
 from .source import source_html
 
 _LEFT = "text-align:left;vertical-align:top"
@@ -62,25 +62,32 @@ def verdict_banner(diag) -> str:
 
 
 def _not_measured_html(diag) -> str:
-    """On a dry run on meta: which verdicts were not measured, and why (no values)."""
+    """What was not judged (no optimizer; a zero gradient no observed step could tell) or not
+    measured (a dry run on meta), and why."""
     line = not_measured_line(diag)
     return (f'<p class="diagkit-not-measured" style="margin:4px 0;font-style:italic">'
             f'{html.escape(line)}</p>') if line else ""
 
 
 def not_measured_line(diag) -> str:
-    """'Dry run on meta: ... not measured on meta: stalled (needs values), ...' ('' for a
-    real run): the one wording of it, for the terminal and the report."""
-    unjudged = (diag.meta or {}).get("not_judged")
-    if unjudged:
-        return ("No optimizer (hand-written updates): membership verdicts mean nothing and are "
-                f"not judged: {', '.join(unjudged)}.")
-    skipped = (diag.meta or {}).get("not_measured")
-    if not skipped:
-        return ""
-    parts = ", ".join(f"{v} ({why})" for v, why in skipped.items())
-    return ("Dry run on the meta device: one forward and backward, no values. Wiring verdicts "
-            f"are measured; not measured on meta: {parts}.")
+    """The one wording, for the terminal and the report, of `meta["not_judged"]` (verdict ->
+    why) and `meta["not_measured"]` (a dry run on meta): 'No optimizer (hand-written
+    updates): ...', 'zero_gradient not judged: 4 tensors (...) got only ...', 'Dry run on the
+    meta device: ...'; '' when everything was judged."""
+    meta = diag.meta or {}
+    unjudged = meta.get("not_judged") or {}
+    membership = [v for v, why in unjudged.items() if why == NO_OPTIMIZER]
+    parts = ([] if not membership else
+             ["No optimizer (hand-written updates): membership verdicts mean nothing and are "
+              f"not judged: {', '.join(membership)}."])
+    parts += [f"{v} not judged: {str(why).rstrip('.')}." for v, why in unjudged.items()
+              if why != NO_OPTIMIZER]
+    skipped = meta.get("not_measured")
+    if skipped:
+        listed = ", ".join(f"{v} ({why})" for v, why in skipped.items())
+        parts.append("Dry run on the meta device: one forward and backward, no values. Wiring "
+                     f"verdicts are measured; not measured on meta: {listed}.")
+    return " ".join(parts)
 
 
 _BACKTICKS = re.compile(r"`([^`]+)`")

@@ -16,7 +16,8 @@ from ..core.options import DEFAULTS, check_run_options
 from ..core.result import Diagnosis, LoadReport, StepFailure
 from ..judge.advice import build_advice
 from ..judge.checkpoint_audit import audit, audit_finding, load_findings
-from ..judge.findings import build_findings
+from ..judge.findings import build_findings, subtrees
+from ..judge.rules_change import untold_why, zero_gradient_untold
 from ..judge.verdicts import (VERDICTS, judge, not_judged_without_optimizer,
                               not_measured_on_meta)
 from ..measure.aggregate import build_params
@@ -163,6 +164,8 @@ def judge_observation(obs: Observation, *, checkpoint: LoadReport | None = None,
         extra = load_findings(checkpoint) + [f for f in [audit_finding(result, checkpoint.path)]
                                              if f]
     observed = int(obs.steps["step"].nunique()) if len(obs.steps) else 0
+    not_judged = {**(not_judged_without_optimizer() if not held else {}),
+                  **({} if on_meta else untold_zeros(params, obs.steps))}
     return Diagnosis(
         params=params, steps=obs.steps,
         findings=build_findings(params, obs.steps, check_errors, obs.failure, extra,
@@ -172,5 +175,23 @@ def judge_observation(obs: Observation, *, checkpoint: LoadReport | None = None,
                             wrappers=obs.meta.get("wrappers")), failure=obs.failure,
         meta={**obs.meta, "steps_observed": observed,
               **({"not_measured": not_measured_on_meta()} if on_meta else {}),
-              **({"not_judged": not_judged_without_optimizer()} if not held else {})},
+              **({"not_judged": not_judged} if not_judged else {})},
         checkpoint=report)
+
+
+def untold_zeros(params, steps, names=None) -> dict[str, str]:
+    """`meta["not_judged"]`'s zero_gradient entry ({} when it has none): the tensors that got
+    only exactly-zero gradients on steps that cannot tell (`names`, else found in `steps`;
+    never a meta tensor's, which has no values), named by their findings' labels (one pattern
+    for the same module in each layer)."""
+    if names is None:
+        names = zero_gradient_untold(params, steps)
+    flagged = params["name"].isin(set(names)).to_numpy()
+    if "device" in params:
+        flagged = flagged & (params["device"] != "meta").to_numpy()
+    if not flagged.any():
+        return {}
+    labels = [label or "the whole model" for label, _, _ in subtrees(params, flagged)]
+    where = ", ".join(label if len(label) <= 60 else "…" + label[-59:] for label in labels[:3])
+    return {"zero_gradient": untold_why(int(flagged.sum()),
+                                        where + (", …" if len(labels) > 3 else ""))}

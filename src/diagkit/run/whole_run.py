@@ -27,13 +27,14 @@ from ..core import severity
 from ..core.files import records
 from ..core.result import Diagnosis
 from ..judge.findings import sort_findings
+from ..judge.rules_change import zero_gradient_untold
 from ..judge.timeline import Timeline, as_finding, onsets
 from ..judge.verdicts import VERDICTS
 from ..measure.inventory import take_inventory
 from ..measure.kept_steps import KeptSteps
 from ..measure.unwrap import compiled
 from ..measure.wiring import Wiring
-from .pipeline import Observation, judge_observation
+from .pipeline import Observation, judge_observation, untold_zeros
 from .whole_run_ranks import RankJoin
 
 BURST = 4           # steps observed one after another at the start and after each change
@@ -60,6 +61,10 @@ class WholeRun:
         self.kept = KeptSteps()
         self.rows: dict[str, dict] = {}        # every tensor seen, by name (the latest row)
         self.verdicts: dict[str, set] = {}     # every verdict each tensor had, by name
+        # zero_gradient: tensors some window could not tell, and those one could (or that
+        # got a non-zero gradient): the run says it could not tell the first less the second
+        self.untold: set[str] = set()
+        self.told: set[str] = set()
         self.should_stop = False
         self.inventory = watch.inventory
         self.observer = watch.new_observer(self.inventory)
@@ -146,6 +151,9 @@ class WholeRun:
         params = judged.params
         for name, verdicts in zip(params["name"], params["verdicts"]):
             self.verdicts.setdefault(name, set()).update(v for v in verdicts if v != "ok")
+        untold = set(zero_gradient_untold(params, steps))
+        self.untold |= untold
+        self.told |= set(steps.loc[steps["used"].astype(bool), "name"]) - untold
         self.rows.update((row["name"], row) for row in rows)
         first, last = int(steps["step"].min()), int(steps["step"].max())
         new = ({(f.code, f.module) for f in judged.findings if f.code in VERDICTS}
@@ -211,7 +219,12 @@ class WholeRun:
         findings = [f for f in base.findings if f.code not in VERDICTS]
         if self.ranks is not None and self.ranks.mismatch is not None:
             findings.append(self.ranks.mismatch)
-        meta = {**base.meta, "events": list(self.events), "dropped_steps": list(self.dropped),
+        not_judged = {v: why for v, why in base.meta.get("not_judged", {}).items()
+                      if v != "zero_gradient"}
+        not_judged.update(untold_zeros(params, base.steps, names=self.untold - self.told))
+        meta = {**{k: v for k, v in base.meta.items() if k != "not_judged"},
+                **({"not_judged": not_judged} if not_judged else {}),
+                "events": list(self.events), "dropped_steps": list(self.dropped),
                 "kept_steps": self.kept.describe(),
                 "windows": self.windows, "timeline": records(self.timeline.table().astype(object)),
                 "steps_observed": self.kept.observed + len(self.dropped)}
