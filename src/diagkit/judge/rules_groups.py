@@ -71,10 +71,13 @@ def _explain_not_in_model(label, group, steps):
 
 
 @verdict("unregistered", "error",
-         ('It requires grad and receives gradients through the loss, but it is neither a '
-          'parameter of the model nor held by any optimizer (a module kept in a plain list, a '
-          'plain tensor made with `requires_grad=True`): invisible to `.parameters()`, '
-          '`state_dict()`, the optimizer and DDP, so nothing ever trains or saves it.'))
+         ('A **persistent** tensor (alive across steps, not made during the step) that '
+          'requires grad and receives gradients through the loss, but is neither a parameter '
+          'of the model nor held by any optimizer (a module kept in a plain list, a plain '
+          'tensor made with `requires_grad=True`): invisible to `.parameters()`, '
+          '`state_dict()`, the optimizer and DDP, so nothing ever trains or saves it. An '
+          'activation made a leaf inside the forward (`enable_input_require_grads()` under '
+          'gradient checkpointing, an adversarial input) is never `unregistered`.'))
 def unregistered(params, steps):
     used_while_rg = rg_used_counts(params, steps)[1]
     return (used_while_rg > 0) & ~in_optimizer(params) & ~params["in_model"].astype(bool)
