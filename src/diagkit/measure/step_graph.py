@@ -57,7 +57,11 @@ class Persistence:
         self._candidates: dict[int, weakref.ref] = {}
 
     def take_before(self) -> None:
-        """What lives on the model's plain attributes now, before any observed step (weakly)."""
+        """What lives on the model's plain attributes now, before any observed step (weakly).
+        Once: an observer attached again (a whole run's next window) keeps the first take; a
+        tensor put on the model later is state from the step it is met again."""
+        if self._before is not None:
+            return
         self._before = {k: (where, weakref.ref(t))
                         for k, (where, t) in plain_tensors(self._model).items()}
 
