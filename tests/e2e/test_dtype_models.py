@@ -73,10 +73,13 @@ def test_float64_model_under_watch(delta):
     assert steps["changed"].all() and len(steps) == 3
     if delta == "exact":
         assert (steps["delta_norm"] > 0).all()
-        frozen = diag.steps[diag.steps["name"] == "frozen"]
-        assert frozen["changed"].all() and (frozen["delta_norm"] > 0).all()
-        counter = diag.steps[diag.steps["name"] == "counter"]
-        assert counter["delta_norm"].tolist() == [1.0, 1.0, 1.0]
+        # Held by no optimizer and frozen: the frozen base, checked without a copy and read
+        # when observing begins and ends, its change dated to the window's last step
+        # (docs/cost.md, "When the frozen base is read"); the integer counter too.
+        for name in ("frozen", "counter"):
+            base = diag.steps[diag.steps["name"] == name]
+            assert base["changed"].tolist() == [False, False, True], name
+            assert base["delta_norm"].isna().all(), name
 
 
 @pytest.mark.parametrize("delta", ["exact", "sampled", "off"])
