@@ -20,10 +20,8 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-component-update", "--disable-sync", "--disable-extensions",
                   "--disable-default-apps", "--mute-audio"]
 
-# What Chromium leaves in the temporary folder (its singleton socket folders, one per launch,
-# left behind by a browser that is ended rather than closed; kept inside its profile folder
-# now), and torchrun (a log folder per run, never removed): what tests/leaks.py looks for.
-LEFTOVERS = ("org.chromium.Chromium.*", "diagkit-chromium-*", "torchelastic_*")
+# Chromium leaves singleton socket folders in its temporary folder, one per launch, when it is
+# ended rather than closed: `chromium_env` keeps that folder inside its profile.
 
 
 def chromium_env(profile: str) -> dict:

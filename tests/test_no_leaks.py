@@ -87,23 +87,60 @@ def test_marked_here_sees_only_its_own_processes():
 
 
 LEAVES_A_FOLDER = '''
-import pathlib, tempfile
+import os, subprocess, sys, time
 
-def test_leaves_a_browser_folder():
-    (pathlib.Path(tempfile.gettempdir()) / "org.chromium.Chromium.diagkit-test").mkdir()
+MAKES = ("import pathlib, tempfile; t = pathlib.Path(tempfile.gettempdir()); "
+         "[(t / n).mkdir() for n in ('org.chromium.Chromium.diagkit-test', "
+         "'torchelastic_diagkit_test')]")
+
+def test_leaves_a_browser_folder_while_another_job_makes_its_own():
+    # a process of the session's: a Chromium's and torchrun's leftovers in its temporary folder
+    subprocess.run([sys.executable, "-c", MAKES], check=True)
+    deadline = time.monotonic() + 30  # the other job makes its folders meanwhile
+    while not os.path.exists(os.environ["OTHER_JOB_DONE"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+'''
+
+OTHER_JOB = '''
+import pathlib, sys, time
+machine = pathlib.Path(sys.argv[1])
+time.sleep(0.5)  # while the inner session runs
+for name in ("org.chromium.Chromium.other-job", "torchelastic_other_job"):
+    (machine / name).mkdir()
+pathlib.Path(sys.argv[2]).write_text("done")
 '''
 
 
-def test_a_session_that_leaves_a_browser_folder_fails_and_removes_it(tmp_path):
-    # the temporary folder the inner session's processes see: this session's own (leaks.py)
-    folder = Path(os.environ.get("TMPDIR", tempfile.gettempdir())) / \
-        "org.chromium.Chromium.diagkit-test"
-    done = pytest_run(tmp_path, LEAVES_A_FOLDER)
-    assert done.returncode == 1, done.stdout[-3000:]
-    assert "1 passed" in done.stdout
-    assert "1 folder(s) a browser or torchrun of the tests left in the temporary folder" in \
-        done.stdout
-    assert str(folder) in done.stdout and not folder.exists()
+def test_a_session_leaves_other_jobs_folders_alone_and_takes_its_own_with_it(tmp_path):
+    """An unrelated job (no session marker, its own environment) makes a browser's and
+    torchrun's folders in the machine's temporary folder while an inner session runs, whose
+    own processes make theirs: the inner session passes, the other job's folders are still
+    there (never deleted, never a failure), and its own went with its temporary folder."""
+    machine = Path(os.environ.get("TMPDIR", tempfile.gettempdir()))  # the inner's machine's
+    done_flag = tmp_path / "other-done"
+    env = {k: v for k, v in os.environ.items() if k not in ("DIAGKIT_TEST_SESSION", "TMPDIR")}
+    other = subprocess.Popen([sys.executable, "-c", OTHER_JOB, str(machine), str(done_flag)],
+                             env=env)
+    theirs = [machine / "org.chromium.Chromium.other-job", machine / "torchelastic_other_job"]
+    try:
+        os.environ["OTHER_JOB_DONE"] = str(done_flag)
+        try:
+            done = pytest_run(tmp_path, LEAVES_A_FOLDER)
+        finally:
+            os.environ.pop("OTHER_JOB_DONE", None)
+        other.wait(timeout=60)
+        assert done.returncode == 0, done.stdout[-3000:]
+        assert "1 passed" in done.stdout and "left behind" not in done.stdout
+        assert all(folder.is_dir() for folder in theirs)  # another job's: untouched
+        mine = [machine / "org.chromium.Chromium.diagkit-test",
+                machine / "torchelastic_diagkit_test"]
+        assert not any(folder.exists() for folder in mine)  # in the inner's TMPDIR: gone
+        assert not list(machine.glob("diagkit-tests-*"))  # that TMPDIR itself too
+    finally:
+        other.kill()
+        for folder in theirs:  # this test made them: it removes them
+            if folder.is_dir():
+                folder.rmdir()
 
 
 @pytest.mark.skipif(chromium() is None, reason="chromium is not installed")
