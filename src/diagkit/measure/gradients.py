@@ -25,6 +25,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from torch.utils.hooks import unserializable_hook
 
 from .buckets import Buckets, Layout
 from .kernels import exact_norm, max_abs
@@ -74,8 +75,8 @@ class BackwardHooks:
                     t.requires_grad_(True)
                 handles.append(handle := (
                     t.register_post_accumulate_grad_hook(self._sharded_hook(k))
-                    if is_sharded(t) else t.register_hook(
-                        self.hook_for(k) if self.keep_own else self._hook(k))))
+                    if is_sharded(t) else t.register_hook(unserializable_hook(
+                        self.hook_for(k) if self.keep_own else self._hook(k)))))
                 self.by_tensor[k] = handle
             except RuntimeError:  # not a leaf we can hook: observed through values only
                 pass

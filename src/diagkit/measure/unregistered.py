@@ -35,6 +35,7 @@ import torch
 
 from ..core.schema import BOOL_STEP_COLUMNS, STEPS_COLUMNS
 from .attribute_paths import find_paths
+from .hook_ref import ModuleHook
 from .kernels import checksum
 from .step_graph import Persistence, graph_leaves, nested_tensors
 
@@ -74,7 +75,8 @@ class Unregistered:
         self.persistence.take_before()
         if isinstance(self.entry, torch.nn.Module) and \
                 getattr(self.entry, "_compiled_call_impl", None) is None:
-            handles.append(self.entry.register_forward_hook(self._forward, with_kwargs=True))
+            handles.append(ModuleHook(self, "_forward").register(
+                self.entry, self.entry.register_forward_hook, with_kwargs=True))
 
     def _forward(self, _module, args, kwargs, output):
         # Traced by dynamo (a compiled caller of this module), it is nothing: no graph break,
