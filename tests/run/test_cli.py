@@ -111,6 +111,9 @@ BAD_INPUTS = {
     "unknown_option": ["check", "diagkit.demos:clean", "--frobnicate", "--steps", "2"],
     "no_command": [],
     "nproc_0": ["check", "diagkit.demos:clean", "--nproc", "0", "--steps", "2"],
+    # more ranks than the machine runs: refused before any starts (1000 on 2 cores ran it
+    # out of memory and left ranks behind)
+    "nproc_too_many": ["check", "diagkit.demos:clean", "--nproc", "100000", "--steps", "1"],
     "timeout_0": ["check", "diagkit.demos:clean", "--nproc", "2", "--timeout", "0"],
     "checkpoint_missing": ["check", "diagkit.demos:clean", "--checkpoint", "missing.pt",
                            "--steps", "2"],
@@ -149,6 +152,7 @@ def test_bad_input_is_one_line_and_exit_2(bad_runs, case):
     ("unknown_option", ["--frobnicate"]),
     ("no_command", ["check"]),
     ("nproc_0", ["--nproc", "0"]),
+    ("nproc_too_many", ["--nproc 100000", "more ranks than this machine runs"]),
     ("timeout_0", ["--timeout", "0"]),
     ("checkpoint_missing", ["missing.pt"]),
     ("checkpoint_empty", ["empty.pt", "empty"]),

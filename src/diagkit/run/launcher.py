@@ -42,6 +42,10 @@ def diagnose_distributed(target: str, target_args: dict | None = None, *, nproc:
     `run.fixes` plan each rank applies to its copy right after building it (--try-fix)."""
     if nproc < 2:
         raise DiagkitError(f"nproc must be >= 2 for a distributed run, got {nproc}")
+    most, of_what = machine_ranks()
+    if nproc > most:
+        raise DiagkitError(f"--nproc {nproc} is more ranks than this machine runs at once "
+                           f"({most}, one per {of_what}): use --nproc {most} or fewer")
     check_run_options(steps=steps, delta=delta, every=every)  # one line here, not in N ranks
     with tempfile.TemporaryDirectory(prefix="diagkit-ddp-") as tmp:
         run_dir = Path(tmp)
@@ -69,6 +73,17 @@ def diagnose_distributed(target: str, target_args: dict | None = None, *, nproc:
 
 def _json(path: Path):
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def machine_ranks() -> tuple[int, str]:
+    """How many ranks this machine runs at once: one per GPU under NCCL, else one per CPU core
+    this process may use (gloo; 2 on a single core: a 2-rank job still runs there). More only
+    oversubscribe it: 1000 ranks on 2 cores ran it out of memory and left ranks behind."""
+    import torch
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        return torch.cuda.device_count(), "GPU"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(2, cores or 1), "CPU core"
 
 
 def _launch(run_dir: Path, nproc: int, timeout: float) -> tuple[int | None, bool, str]:
