@@ -115,6 +115,7 @@ BAD_INPUTS = {
     # out of memory and left ranks behind)
     "nproc_too_many": ["check", "diagkit.demos:clean", "--nproc", "100000", "--steps", "1"],
     "timeout_0": ["check", "diagkit.demos:clean", "--nproc", "2", "--timeout", "0"],
+    "timeout_huge": ["check", "diagkit.demos:clean", "--timeout", "99999999999999"],
     "checkpoint_missing": ["check", "diagkit.demos:clean", "--checkpoint", "missing.pt",
                            "--steps", "2"],
     "checkpoint_empty": ["check", "diagkit.demos:clean", "--checkpoint", "empty.pt",
@@ -154,6 +155,7 @@ def test_bad_input_is_one_line_and_exit_2(bad_runs, case):
     ("nproc_0", ["--nproc", "0"]),
     ("nproc_too_many", ["--nproc 100000", "more ranks than this machine runs"]),
     ("timeout_0", ["--timeout", "0"]),
+    ("timeout_huge", ["--timeout", "99999999999999", "below 1e9"]),
     ("checkpoint_missing", ["missing.pt"]),
     ("checkpoint_empty", ["empty.pt", "empty"]),
     ("checkpoint_garbage", ["garbage.pt"]),

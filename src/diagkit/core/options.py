@@ -61,7 +61,8 @@ def positive_int(value, label: str, error: type[Exception] = DiagkitError, what:
 def positive_seconds(value, label: str, error: type[Exception] = DiagkitError):
     """`value` if it is a finite number of seconds > 0 (a bool is not), else `error`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
-        raise error(f"{label} must be a positive number of seconds, got {value!r}")
+        raise error(f"{label} must be a positive number of seconds (below 1e9: a deadline "
+                    f"past that overflows the clock), got {value!r}")
     return value
 
 
@@ -87,7 +88,9 @@ CHECKS = {
     "sample": lambda value, label, **kw: positive_int(value, label, what=" (elements per tensor)",
                                                       **kw),
     "nproc": positive_int,
-    "timeout": positive_int,
+    # an int of seconds the clock can hold (99999999999999 overflowed the deadline's thread)
+    "timeout": lambda value, label, **kw: positive_seconds(positive_int(value, label, **kw),
+                                                           label, **kw),
     "delta": delta_mode,
     "memory_budget": fraction,
 }
