@@ -1,6 +1,6 @@
 """Every way a watched run can end before `steps` writes `out` with the steps observed so far
 (docs/watch.md, "Diagnose your real training run"): the loop ends, an exception, Ctrl-C, SIGTERM
-(alone, or handed on to the user's own handler), `sys.exit`; and a save that fails is one line
+(alone, or handed on to the user's own handler), SIGHUP (a terminal closed), `sys.exit`; and a save that fails is one line
 on stderr, with the exit code the run would have had anyway.
 
 Each case is a real Python process running one shared script with a model of 800 tensors:
@@ -56,6 +56,8 @@ for step in range(10):
             os.kill(os.getpid(), signal.SIGINT)
         if how.startswith("sigterm"):
             os.kill(os.getpid(), signal.SIGTERM)
+        if how == "sighup":
+            os.kill(os.getpid(), signal.SIGHUP)
         if how == "sys.exit":
             sys.exit(5)
         if how in ("loop-ends", "save-fails"):
@@ -71,6 +73,7 @@ CASES = {
     "ctrl-c": (-signal.SIGINT, "KeyboardInterrupt"),  # Python ends by SIGINT itself: 130
     "sigterm": (-signal.SIGTERM, ""),                  # killed by SIGTERM, as without diagkit
     "sigterm-chained": (3, ""),                        # the user's handler ran, after the save
+    "sighup": (-signal.SIGHUP, ""),                    # a terminal closed: as SIGTERM
     "sys.exit": (5, ""),
 }
 
@@ -117,7 +120,8 @@ def test_every_way_a_run_ends_saves_the_steps_observed(runs, how):
     assert len(diag.params) == 800
     assert diag.meta["steps_observed"] == OBSERVED
     assert sorted(diag.steps["step"].unique()) == list(range(OBSERVED))
-    assert diag.meta["ended"] == ("SIGTERM" if how.startswith("sigterm") else "exit")
+    assert diag.meta["ended"] == ("SIGTERM" if how.startswith("sigterm") else
+                                  "SIGHUP" if how == "sighup" else "exit")
     assert set().union(*diag.verdicts().values()) == {"ok"}
 
 

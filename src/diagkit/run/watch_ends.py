@@ -7,12 +7,13 @@ Two paths cover every end but SIGKILL and `os._exit`:
   left it, `sys.exit`. This callback runs after `threading` has shut down the thread pools
   (and on Python 3.12 no new thread may start), so saving must need no Python thread
   (`core.files.to_parquet`).
-- **SIGTERM** (a scheduler pre-empting the job, `kill`, `timeout`): its default action ends the
-  process without running `atexit`. While a watch is live this handler ends the live watches
+- **SIGTERM** (a scheduler pre-empting the job, `kill`, `timeout`) and **SIGHUP** (a terminal
+  closed, an ssh session dropped): their default action ends the process without running
+  `atexit`. While a watch is live this handler (one for both) ends the live watches
   (their `out` written; no report rendered: a pre-empted job has seconds, not a notebook run),
   then hands the signal on: to the handler the user had installed, else it ends the process as
-  SIGTERM would (killed by the signal: exit status 143 in a shell). When the last watch ends,
-  the user's handler is back in place.
+  the signal would (killed by it: exit status 143 for SIGTERM in a shell). When the last watch
+  ends, the user's handlers are back in place.
 
 A failure while finishing is one line on stderr, never a traceback, and never changes how the
 process ends.
@@ -28,9 +29,11 @@ import threading
 import weakref
 
 _LIVE: list = []          # weak references to the watches not yet ended, oldest first
-# The SIGTERM handler ours replaced; whether it is saving the live watches now; a SIGTERM
+# The signals that end a process without `atexit` and that a watch saves on.
+SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+# The handlers ours replaced, by signal; whether it is saving the live watches now; a signal
 # that came while a watch was saving below it, handed on once that one has saved.
-_STATE = {"previous": None, "saving": False, "pending": None}
+_STATE = {"previous": {}, "saving": False, "pending": None}
 
 
 def started(w) -> None:
@@ -38,15 +41,15 @@ def started(w) -> None:
     _LIVE.append(weakref.ref(w, _gone))
     atexit.unregister(_at_exit)  # registered again: runs before what was registered until now,
     atexit.register(_at_exit)    # as a callback registered by this watch itself would
-    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:  # first, or the user set theirs
+    if any(signal.getsignal(s) is not _on_signal for s in SIGNALS):  # first, or the user's
         _install()
 
 
 def ended(w) -> None:
-    """`w` has ended and saved (however it ended): forget it. The last one gives SIGTERM back,
-    or hands on a SIGTERM that came while it was saving."""
+    """`w` has ended and saved (however it ended): forget it. The last one gives the signals
+    back, or hands on one that came while it was saving."""
     _LIVE[:] = [r for r in _LIVE if r() is not None and r() is not w]
-    if _LIVE or _STATE["saving"]:  # the SIGTERM handler hands it on itself
+    if _LIVE or _STATE["saving"]:  # the signal handler hands it on itself
         return
     pending, _STATE["pending"] = _STATE["pending"], None
     if pending is None:
@@ -57,7 +60,7 @@ def ended(w) -> None:
 
 def _gone(ref) -> None:
     """A watch collected without ending (its optimizers were dropped first): forget it, and
-    give SIGTERM back once none is left. Collection can happen in any thread."""
+    give the signals back once none is left. Collection can happen in any thread."""
     try:
         _LIVE.remove(ref)
         if not _LIVE and not _STATE["saving"] and _STATE["pending"] is None:
@@ -125,39 +128,42 @@ def _keep_ctrl_c_exit() -> None:
 
 
 def _install() -> None:
-    """Set the SIGTERM handler, keeping the one it replaces. Not where the user's own choice
-    stands in the way: SIGTERM ignored (the process would not end), a handler set outside
-    Python (it could not be put back), or a thread other than the main one (signals can only
-    be set there)."""
+    """Set the handler of each of `SIGNALS`, keeping the one it replaces. Not where the user's
+    own choice stands in the way: the signal ignored (the process would not end), a handler
+    set outside Python (it could not be put back), or a thread other than the main one
+    (signals can only be set there)."""
     if threading.current_thread() is not threading.main_thread():
         return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is None or previous == signal.SIG_IGN:
-        return
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    _STATE["previous"] = previous
+    for signum in SIGNALS:
+        previous = signal.getsignal(signum)
+        if previous is None or previous == signal.SIG_IGN or previous is _on_signal:
+            continue
+        signal.signal(signum, _on_signal)
+        _STATE["previous"][signum] = previous
 
 
-def _uninstall():
-    """Put the user's SIGTERM handler back (unless they replaced ours meanwhile); returns it."""
-    previous, _STATE["previous"] = _STATE["previous"], None
-    if previous is not None and signal.getsignal(signal.SIGTERM) is _on_sigterm:
-        try:
-            signal.signal(signal.SIGTERM, previous)
-        except ValueError:  # ended in another thread: ours stays, and only passes it on
-            _STATE["previous"] = previous
-    return previous
+def _uninstall(signum=None):
+    """Put the user's handlers back (unless they replaced ours meanwhile); returns the one of
+    `signum`, which was ours to hand on."""
+    previous, _STATE["previous"] = _STATE["previous"], {}
+    for number, handler in previous.items():
+        if signal.getsignal(number) is _on_signal:
+            try:
+                signal.signal(number, handler)
+            except ValueError:  # ended in another thread: ours stays, and only passes it on
+                _STATE["previous"][number] = handler
+    return previous.get(signum)
 
 
-def _on_sigterm(signum, frame) -> None:
-    """Save, then let SIGTERM do what it would have done. A watch already saving (this handler
-    interrupted it) hands the signal on once it has saved; a second SIGTERM meanwhile (a
-    launcher that signals the process and its group) does not cut a save short."""
+def _on_signal(signum, frame) -> None:
+    """Save, then let the signal do what it would have done. A watch already saving (this
+    handler interrupted it) hands the signal on once it has saved; a second signal meanwhile
+    (a launcher that signals the process and its group) does not cut a save short."""
     if _STATE["saving"] or _STATE["pending"] is not None:
         return
     _STATE["saving"] = True
     try:
-        _end_live("SIGTERM")
+        _end_live(signal.Signals(signum).name)
     finally:
         _STATE["saving"] = False
     if any(r() is not None for r in _LIVE):  # still saving, below this handler
@@ -167,13 +173,14 @@ def _on_sigterm(signum, frame) -> None:
 
 
 def _hand_on(signum, frame) -> None:
-    """SIGTERM as it would have been without diagkit: the user's handler, else the end of the
-    process by the signal itself (flushed first: the lines said so far are kept). From another
-    thread (a watch that saved there), the signal goes again to the main thread's handler."""
+    """The signal as it would have been without diagkit: the user's handler, else the end of
+    the process by the signal itself (flushed first: the lines said so far are kept). From
+    another thread (a watch that saved there), the signal goes again to the main thread's
+    handler."""
     if threading.current_thread() is not threading.main_thread():
         os.kill(os.getpid(), signum)
         return
-    previous = _uninstall()
+    previous = _uninstall(signum)
     if callable(previous):
         previous(signum, frame)
         return
