@@ -22,6 +22,7 @@ process ends.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import signal
 import sys
@@ -34,6 +35,9 @@ SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasat
 # The handlers ours replaced, by signal; whether it is saving the live watches now; a signal
 # that came while a watch was saving below it, handed on once that one has saved.
 _STATE = {"previous": {}, "saving": False, "pending": None}
+OFF_MAIN_THREAD = ("diagkit: watch() was called outside the main thread, where Python cannot "
+                   "catch SIGTERM or SIGHUP: a kill by either saves nothing (the interpreter's "
+                   "exit still saves); call watch() in the main thread to have them caught")
 
 
 def started(w) -> None:
@@ -43,6 +47,9 @@ def started(w) -> None:
     atexit.register(_at_exit)    # as a callback registered by this watch itself would
     if any(signal.getsignal(s) is not _on_signal for s in SIGNALS):  # first, or the user's
         _install()
+    if threading.current_thread() is not threading.main_thread() and \
+            not any(signal.getsignal(s) is _on_signal for s in SIGNALS):
+        logging.getLogger("diagkit").warning(OFF_MAIN_THREAD)
 
 
 def ended(w) -> None:
