@@ -5,8 +5,12 @@ hook (`OptimizerShare`), because that loop guarantees that every held .grad is N
 step's one backward sets it and that nothing rewrites it before the step. A user's loop
 promises nothing, so an `EarnedShare` starts with a hook on each tensor and looks, in what
 the hooks saw, for the same facts. After `EARN_AFTER` observed steps that show them, with the
-same gradient versions each time, its hooks are removed (a Python call per tensor and
-backward was most of watch's cost on models of many small tensors: `benchmarks/README.md`).
+same gradient versions each time, the hooks of the tensors that had a gradient in them are
+removed (a Python call per tensor and backward was most of watch's cost on models of many small
+tensors: `benchmarks/README.md`). A tensor with no gradient in those steps (a branch not taken
+yet, a layer waiting for its turn) has no version to check a later .grad against: it keeps its
+hook, so the step its first gradient comes is observed as any hooked one, not dropped. A share
+none of whose tensors had a gradient yet stays hooked and earns later, with those that have.
 
 From then on each step must still show them, checked cheaply as the optimizer steps:
 
@@ -43,6 +47,7 @@ class EarnedShare(OptimizerShare):
     def __init__(self, observer, i: int, idx: np.ndarray, buckets, group_of,
                  hooks: BackwardHooks, handles: list):
         super().__init__(observer, i, idx, buckets, group_of)
+        self._layout_args = (buckets, group_of)  # to lay out the earned part again
         self.hooks, self.handles = hooks, handles
         self.active = False   # hooks removed: observed from .grad
         self.lapsed = False   # a step failed the checks: hooked for good
@@ -73,9 +78,22 @@ class EarnedShare(OptimizerShare):
             max(a, b) for a, b in zip(versions, self.versions)]
         self.clean += 1
         if self.clean >= EARN_AFTER:
-            self.hooks.unhook(self.layout.ks)
-            self._remember(list(map(_GRAD, self.tensors)))
-            self.active = True
+            self._earn()
+
+    def _earn(self) -> None:
+        """Read without hooks the tensors whose gradient version is known; the rest (never a
+        gradient in the earning steps: -1) keep their hooks, since a first .grad on one of them
+        could not be told from one accumulated into or rewritten."""
+        known = {k: v for k, v in zip(self.layout.ks, self.versions) if v >= 0}
+        if not known:
+            return  # nothing to check a .grad against yet: still hooked, still earning
+        if len(known) < len(self.layout.ks):
+            OptimizerShare.__init__(self, self.obs, self.optimizer,
+                                    np.array(sorted(known), dtype=np.int64), *self._layout_args)
+        self.versions = [known[k] for k in self.layout.ks]
+        self.hooks.unhook(self.layout.ks)
+        self._remember(list(map(_GRAD, self.tensors)))
+        self.active = True
 
     def _clean_versions(self, st: StepState) -> list[int] | None:
         """The version of each tensor's .grad (-1: none), if the step showed the standard
