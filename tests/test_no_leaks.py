@@ -135,7 +135,6 @@ def test_a_session_leaves_other_jobs_folders_alone_and_takes_its_own_with_it(tmp
         mine = [machine / "org.chromium.Chromium.diagkit-test",
                 machine / "torchelastic_diagkit_test"]
         assert not any(folder.exists() for folder in mine)  # in the inner's TMPDIR: gone
-        assert not list(machine.glob("diagkit-tests-*"))  # that TMPDIR itself too
     finally:
         other.kill()
         for folder in theirs:  # this test made them: it removes them
