@@ -78,6 +78,11 @@ def test_marked_here_sees_only_its_own_processes():
     try:
         with marked_here() as tag:
             mine = subprocess.Popen(["sleep", "303"], start_new_session=True)
+            # Until its exec, /proc shows the child with the environment this process started
+            # with (no tag yet): on a loaded machine that lasts a while (CI). Wait for the exec.
+            deadline = time.monotonic() + 30
+            while not carrying("DIAGKIT_TEST_JOB", tag) and time.monotonic() < deadline:
+                time.sleep(0.05)
             assert list(carrying("DIAGKIT_TEST_JOB", tag)) == [mine.pid]
         assert mine.wait(timeout=10) == -9  # killed on leaving
         assert other.poll() is None  # the unmarked process is not touched
