@@ -87,7 +87,3 @@ class Persistence:
             else:
                 self._candidates[id(t)] = weakref.ref(t)
         return state
-
-    def forget(self) -> None:
-        """Drop every reference (the observer detaches)."""
-        self._before, self._candidates = None, {}
