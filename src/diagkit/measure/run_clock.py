@@ -43,6 +43,27 @@ class RunClock(StepClock):
         if self.obs is not None:
             self.obs.detach()
 
+    def swap(self, new: torch.optim.Optimizer, replaced: list[int]) -> bool:
+        """`new` steps for the first time, inside the step in progress: it takes the place of
+        the optimizers at `replaced` (none: it joins them), in the clock's list in place (the
+        watch, its wiring and its next observer share that list). Its post-hook, set now,
+        still runs in this step, so the step ends as the loop's steps do. The step in progress
+        was observed with the old optimizers' facts: it is aborted, and True says so."""
+        aborted = self.observing
+        if aborted:
+            self.observing = False
+            self.obs.abort_step()
+        for _i, handle in self._handles:  # set again below: positions may shift
+            handle.remove()
+        gone = {id(self.optimizers[i]) for i in replaced}
+        at = min(replaced) if replaced else len(self.optimizers)
+        self.optimizers[:] = [o for o in self.optimizers if id(o) not in gone]
+        self.optimizers.insert(min(at, len(self.optimizers)), new)
+        self._handles = []
+        self._set_hooks()
+        self._stepped, self._repeats, self.idle = set(), 0, set()
+        return aborted
+
     def _tick(self) -> None:
         """A step ended: record it if observed, let the run plan the next, attach for it."""
         index, was_observing = self.count, self.observing

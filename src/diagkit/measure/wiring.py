@@ -129,6 +129,13 @@ class Wiring:
         self._groups = tuple(tuple((tuple(map(id, members)), zero) for members, zero in held)
                              for held in self._held)
 
+    def take_groups(self) -> None:
+        """Hold the optimizers' groups as they are now, saying nothing: the caller says the
+        change (an optimizer replaced by a new one over the same tensors is one event, not a
+        second "groups changed")."""
+        self._hold_groups()
+        self._digest = None
+
     def _groups_same(self) -> bool:
         """Every optimizer's groups hold what they held, by identity and in order, with the
         same lr-is-0: a few C-level compares per group, none per member in Python."""

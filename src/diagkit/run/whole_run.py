@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import weakref
 
 from ..core import severity
 from ..core.files import records
@@ -32,6 +33,7 @@ from ..judge.timeline import Timeline, as_finding, onsets
 from ..judge.verdicts import VERDICTS
 from ..measure.inventory import take_inventory
 from ..measure.kept_steps import KeptSteps
+from ..measure.new_optimizers import NewOptimizers, shared
 from ..measure.unwrap import compiled
 from ..measure.wiring import Wiring
 from .pipeline import Observation, judge_observation, untold_zeros
@@ -74,6 +76,11 @@ class WholeRun:
         self.ranks = RankJoin(channel) if channel is not None and channel.rank == 0 else None
         self.judging = channel is None or channel.rank == 0  # the other ranks only publish
         self._saved_at = time.monotonic()
+        self.retired = weakref.WeakSet()  # optimizers a newer one replaced
+        self.births = (NewOptimizers(optimizers, lambda: set(map(id, self.inventory.tensors)),
+                                     self.adopt) if optimizers else None)
+        if self.births is not None:
+            self.births.attach()
 
     # ---------------------------------------------------------------- the clock's side
     def plan(self, index: int, recorded: bool):
@@ -93,6 +100,32 @@ class WholeRun:
         if self.burst_left > 0 or (index + 1) % self.every == 0:
             return self.observer
         return None
+
+    def adopt(self, new) -> None:
+        """An optimizer over the model's tensors that the watch was not given steps for the
+        first time (`measure.new_optimizers`): from now on it is watched. It replaces those
+        it shares a tensor with (a loop rebuilding its optimizer), unless one of them was
+        itself replaced and stepped again (both live: it joins them). An event, like any
+        wiring change: what came before is judged, a burst is observed."""
+        clock = self.watch.clock
+        index = clock.count
+        changes = self.wiring.changes(index)  # what the loop changed first (an unfreeze)
+        back = new in self.retired
+        replaced = [] if back else [i for i, o in enumerate(self.optimizers) if shared(o, new)]
+        old = [self.optimizers[i] for i in replaced]
+        if clock.swap(new, replaced):
+            self.dropped.append({"step": index, "why": "a new optimizer stepped during it"})
+        for opt in old:  # followed again if it steps again
+            self.retired.add(opt)
+            self.births.known.discard(opt)
+        self.wiring.take_groups()
+        held = sum(len(g["params"]) for g in new.param_groups)
+        what = (f"a new {type(new).__name__} ({len(new.param_groups)} group"
+                f"{'s' * (len(new.param_groups) != 1)}, {held} tensors) "
+                + (f"replaced optimizer {replaced[0]} ({type(old[0]).__name__})" if replaced
+                   else "joined the watched optimizers") + " at its first step()")
+        self._changed(changes + [{"step": index, "kind": "optimizer", "names": [],
+                                  "what": what}], straddled=None)
 
     def _window_full(self) -> bool:
         return (self.burst_left <= 0 if self.around
@@ -210,6 +243,8 @@ class WholeRun:
         """The watch ends: the window in progress is judged too."""
         self._close_window(replace=False)
         self.wiring.release()
+        if self.births is not None:
+            self.births.detach()
 
     def result(self, base: Diagnosis) -> Diagnosis:
         """`base` (judged from the kept steps) with the run's verdicts, spans and events."""
