@@ -111,3 +111,33 @@ def test_nothing_of_the_watch_stays_in_torch_after_stop():
     diag, _ = staged(forgets_backbone, steps=25)
     assert dict(torch_optimizer._global_optimizer_pre_hooks) == before
     assert diag is not None
+
+
+class Lookahead(torch.optim.Optimizer):
+    """A wrapper optimizer stepping an inner one over the same tensors (as Lookahead does)."""
+
+    def __init__(self, params, lr=0.1):
+        params = list(params)
+        super().__init__(params, {"lr": lr})
+        self.inner = None  # built lazily: the watch meets it only at its first step
+        self.params_ = params
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if self.inner is None:
+            self.inner = torch.optim.SGD(self.params_, lr=self.defaults["lr"])
+        self.inner.step()
+
+
+def test_an_optimizer_stepped_inside_the_watched_one_is_not_taken_for_a_rebuild():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = Lookahead(model.parameters())
+    w = diagkit.watch(model, opt, steps=None, every=1)
+    for _ in range(12):
+        opt.zero_grad()
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+    diag = w.stop()
+    assert diag.meta["events"] == [] and diag.meta["optimizer_steps"] == 12
+    assert [f.code for f in diag.findings if f.severity in ("warning", "error")] == []

@@ -9,7 +9,10 @@ process runs first: one identity lookup per step for the optimizers already know
 optimizer met for the first time is asked once whether it holds any of the model's tensors.
 If it does, `on_new(optimizer)` adopts it before its first update (its own hooks, added now,
 still run in this step); if not, it is someone else's (a second model) and never looked at
-again. Nothing here holds an optimizer alive: known ones are kept by weak reference.
+again. An optimizer that first steps *inside* another's `step()` is a wrapper's inner one (a
+Lookahead-style optimizer stepping its base): never adopted, or it would replace the very
+optimizer that runs it (a global post-hook closes each step, so nesting is known). Nothing here
+holds an optimizer alive: known ones are kept by weak reference.
 """
 
 from __future__ import annotations
@@ -41,23 +44,35 @@ class NewOptimizers:
                  on_new: Callable[[torch.optim.Optimizer], None]):
         self.model_ids, self.on_new = model_ids, on_new
         self.known: weakref.WeakSet = weakref.WeakSet(known)
-        self._handle = None
+        self._handles: list = []
+        self._open: list[int] = []  # the optimizers inside their step() now, outermost first
 
     def attach(self) -> None:
-        self._handle = _optimizer.register_optimizer_step_pre_hook(self._pre_hook)
+        self._handles = [_optimizer.register_optimizer_step_pre_hook(self._pre_hook),
+                         _optimizer.register_optimizer_step_post_hook(self._post_hook)]
 
     def detach(self) -> None:
-        """Remove the global hook (idempotent): nothing of the watch stays in torch."""
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        """Remove the global hooks (idempotent): nothing of the watch stays in torch."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
     def _pre_hook(self, opt, _args, _kwargs) -> None:
-        if opt in self.known or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
+            return
+        if id(opt) in self._open:  # a step that raised never closed: start the count again
+            self._open.clear()
+        nested = bool(self._open)
+        self._open.append(id(opt))
+        if opt in self.known:
             return
         try:
             self.known.add(opt)
-            if holds_any(opt, self.model_ids()):
+            if not nested and holds_any(opt, self.model_ids()):
                 self.on_new(opt)
         except Exception:  # never into the user's step: this optimizer is simply not followed
             return
+
+    def _post_hook(self, opt, _args, _kwargs) -> None:
+        if self._open and self._open[-1] == id(opt):
+            self._open.pop()
