@@ -147,7 +147,7 @@ def test_sibling_modules_with_one_verdict_are_one_finding():
     params["verdicts"], _ = judge(params, steps)
     (f,) = build_findings(params, steps)
     assert (f.code, f.module, f.count) == ("unused", "layers.*.*.lora_A", 4)
-    assert "4 tensors in `layers.*.*.lora_A`" in f.message
+    assert "a set of 4 tensors in `layers.*.*.lora_A`" in f.message
     # the fix is code to paste: the tensors themselves, never the pattern
     assert "*" not in f.fix and "model.layers[1].v.lora_A.weight" in f.fix
 

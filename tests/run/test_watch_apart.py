@@ -69,3 +69,47 @@ def test_a_critic_stepping_five_times_per_generator_step_stays_one_step():
     diag = w.diagnosis
     assert diag.meta["optimizer_steps"] == 6 and diag.meta["steps_observed"] == 6
     assert set().union(*diag.verdicts().values()) == {"ok"}
+
+
+class PlainListNet(nn.Module):
+    """Forward-forward layers kept in a plain list (`registered=False`), or, as the finding's
+    fix says, in an nn.ModuleList."""
+
+    def __init__(self, registered: bool):
+        super().__init__()
+        layers = [Layer(), Layer()]
+        self.layers = nn.ModuleList(layers) if registered else layers
+
+
+def test_the_optimizers_calls_are_counted_apart_from_the_watchs_steps():
+    torch.manual_seed(0)
+    net = PlainListNet(registered=True)
+    opts = [torch.optim.SGD(layer.parameters(), lr=0.05) for layer in net.layers]
+    w = diagkit.watch(net, opts, steps=100)
+    forward_forward(list(net.layers), opts, per_layer=20)
+    diag = w.stop()
+    assert diag.meta["optimizer_calls"] == [20, 20]
+    assert diag.meta["optimizer_steps"] == 2 * (20 - IDLE_AFTER)
+    # the first step of each turn spans IDLE_AFTER + 1 calls, and the result says so
+    assert diag.meta["long_steps"] == [{"step": 0, "calls": IDLE_AFTER + 1},
+                                       {"step": 20 - IDLE_AFTER, "calls": IDLE_AFTER + 1}]
+
+
+def test_layers_in_a_plain_list_are_one_finding_named_by_the_list_and_its_fix_works():
+    torch.manual_seed(0)
+    net = PlainListNet(registered=False)
+    opts = [torch.optim.SGD(layer.parameters(), lr=0.05) for layer in net.layers]
+    w = diagkit.watch(net, opts, steps=100)
+    forward_forward(net.layers, opts, per_layer=12)
+    (finding,) = [f for f in w.stop().findings if f.code == "not_in_model"]
+    assert finding.module == "layers" and finding.count == 4
+    assert finding.message.startswith("a set of 4 tensors in `layers`")
+    assert " is held by an optimizer" in finding.message
+    assert "self.layers = nn.ModuleList([...])" in finding.fix
+    # the fix pasted: the same layers, registered; the optimizers as they were
+    torch.manual_seed(0)
+    net = PlainListNet(registered=True)
+    opts = [torch.optim.SGD(layer.parameters(), lr=0.05) for layer in net.layers]
+    w = diagkit.watch(net, opts, steps=100)
+    forward_forward(list(net.layers), opts, per_layer=12)
+    assert set().union(*w.stop().verdicts().values()) == {"ok"}

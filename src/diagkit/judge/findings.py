@@ -208,10 +208,14 @@ def _outside_key(name: str, pairs) -> str:
     """A tensor outside the model is reported with the others of its optimizer group (an
     optimizer built before `fully_shard` or a wrapper replaced the model's tensors holds all
     of the old ones: one finding, not one per tensor). An unregistered tensor goes with the
-    others of its plain attribute (`cells[0].weight` and `cells[1].bias` under `cells`)."""
+    others of its plain attribute (`cells[0].weight` and `cells[1].bias` under `cells`), and
+    so does one an optimizer holds that is reachable from such an attribute (layers kept in a
+    plain list, each with its own optimizer: one finding about `layers`)."""
+    if not name.startswith("<"):  # named by the attribute that holds it: that names it best
+        return name.partition("[")[0]
     if pairs:
         return f"<optimizer {pairs[0][0]} group {pairs[0][1]}>"
-    return name if name.startswith("<") else name.partition("[")[0]
+    return name
 
 
 def _coarsen(keys: dict[int, str], params: pd.DataFrame) -> dict[int, str]:

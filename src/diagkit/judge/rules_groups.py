@@ -60,6 +60,11 @@ def _explain_not_in_model(label, group, steps):
            "model.parameters(); drop stale heads from the optimizer. If the model's own "
            "parameters were replaced after the optimizer was built (fully_shard, "
            "get_peft_model, to_empty), build the optimizer after that.")
+    reachable = sorted({_registration(n) for n in group["name"] if not n.startswith("<")})
+    if reachable:  # modules kept in a plain list or dict: the registration they call for
+        fix = " ".join(r.replace(" — then rebuild the optimizer.", ".") for r in reachable) + (
+            " The optimizers that hold them need no change: registered, they are the same "
+            "tensors, now the model's.")
     if "device" in group and (group["device"] == "meta").all():  # the big-model init bug
         message += (" They are on the meta device, with no values: the optimizer was built "
                     "before the model was materialised (`to_empty()`, `load_state_dict(..., "

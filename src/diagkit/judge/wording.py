@@ -26,7 +26,9 @@ def subject(label: str, group: pd.DataFrame) -> str:
         return f"`{group['name'].iloc[0]}` ({size})"
     where = f"`{label}`" if label else "the whole model"
     if not group.attrs.get("whole", True):
-        where = f"{len(group)} tensors in {where}" if label else f"{len(group)} tensors"
+        # "a set of": one subject, so the verbs after it ("is held", "requires") agree
+        where = (f"a set of {len(group)} tensors in {where}" if label
+                 else f"a set of {len(group)} tensors")
         return f"{where} ({size}; e.g. `{group['name'].iloc[0]}`)"
     return f"{where} ({len(group)} tensors, {size})"
 

@@ -55,10 +55,13 @@ class RunClock(StepClock):
             self.obs.abort_step()
         for _i, handle in self._handles:  # set again below: positions may shift
             handle.remove()
+        calls = {id(o): c for o, c in zip(self.optimizers, self.calls)}
         gone = {id(self.optimizers[i]) for i in replaced}
         at = min(replaced) if replaced else len(self.optimizers)
         self.optimizers[:] = [o for o in self.optimizers if id(o) not in gone]
         self.optimizers.insert(min(at, len(self.optimizers)), new)
+        self.calls = [calls.get(id(o), 0) for o in self.optimizers]
+        self._calls_in_step = {}
         self._handles = []
         self._set_hooks()
         self._stepped, self._repeats, self.idle = set(), 0, set()

@@ -30,6 +30,7 @@ from .observer import Observer
 # ends when the optimizers not resting have stepped, until it steps again. A GAN's critic
 # stepping 5 times per generator step stays one step.
 IDLE_AFTER = 8
+LONG_STEPS_KEPT = 32
 
 
 class StepClock:
@@ -51,6 +52,9 @@ class StepClock:
         self.idle: set[int] = set()    # optimizers resting (not stepping while others do)
         self._handles: list[tuple[int, object]] = []  # (optimizer, handle)
         self._in_hook: int | None = None  # the optimizer whose post-hook is running
+        self.calls = [0] * len(optimizers)  # each optimizer's own step() calls
+        self._calls_in_step: dict[int, int] = {}
+        self.long_steps: list[dict] = []  # steps spanning several calls of one optimizer
         self.ticks: BackwardTicks | None = None  # with no optimizer: steps end at backward ends
 
     def start(self) -> None:
@@ -131,6 +135,8 @@ class StepClock:
             return
         if self.observing:
             self.obs.step_ended(i)
+        self.calls[i] += 1
+        self._calls_in_step[i] = self._calls_in_step.get(i, 0) + 1
         if i in self._stepped:
             self._repeats += 1
             if self._repeats >= IDLE_AFTER:  # the others rest: each of i's steps is a step
@@ -142,7 +148,18 @@ class StepClock:
                 self.obs.resting = set(self.idle)
             self._stepped.clear()
             self._repeats = 0
+            self._note_span()
             self._tick()
+
+    def _note_span(self) -> None:
+        """A step that took more than one `step()` of some optimizer (a GAN's critic, the
+        first step of each turn when optimizers take turns) is said, so `optimizer_steps`
+        (the watch's steps) is not read as the optimizers' calls (docs/result.md). The first
+        `LONG_STEPS_KEPT` are listed."""
+        most = max(self._calls_in_step.values(), default=1)
+        self._calls_in_step = {}
+        if most > 1 and len(self.long_steps) < LONG_STEPS_KEPT:
+            self.long_steps.append({"step": self.count, "calls": most})
 
     def _tick(self) -> None:
         """A step ended: record it if observed, then open the next observed one."""

@@ -336,12 +336,21 @@ class Watch:
                 "optimizers": len(self.optimizers),
                 "every": self.every,
                 "optimizer_steps": 0 if self.clock is None else self.clock.count,
+                **self._calls(),
                 "wrappers": self.wrappers, "losses": [], "restored": False,
                 "ended": self._ended,
                 "seconds": round(time.perf_counter() - self._started, 4),
                 "torch": torch.__version__,
                 **({"optimizer_sources": self.sources} if self.sources else {}),
                 **self._over_budget()}
+
+    def _calls(self) -> dict:
+        """Each optimizer's own `step()` calls, and the steps that took more than one of
+        some optimizer's (`optimizer_steps` counts the watch's steps: docs/result.md)."""
+        if self.clock is None or not self.optimizers:
+            return {}
+        return {"optimizer_calls": list(self.clock.calls),
+                **({"long_steps": list(self.clock.long_steps)} if self.clock.long_steps else {})}
 
     def _over_budget(self) -> dict:
         """The tensors `memory_budget` moved from a snapshot to the fingerprint (CUDA), by
