@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +96,7 @@ class Watch:
         self._diagnosis: Diagnosis | None = None
         self._finished, self._started = False, time.perf_counter()
         self._ended = "steps"  # how it ended: steps, stop, exit, SIGTERM, failed (meta["ended"])
+        self._busy, self._asked = 0, None  # inside the whole run's own work; an end asked then
         try:
             self._begin(model, optimizer_or_list, sample=sample, timeout=timeout,
                         on_finding=on_finding, halt_on=halt_on, caller=caller,
@@ -134,14 +136,15 @@ class Watch:
                      and "DistributedDataParallel" in self.wrappers else None)
         self.optimizers, self.sample = optimizers, sample
         self.run = None if steps is not None else WholeRun(
-            self, inner, optimizers, every=every, on_finding=on_finding, halt_on=halt_on)
+            self, inner, optimizers, every=every, halt_on=halt_on,
+            on_finding=on_finding and partial(self._busily, on_finding))
         if self.run is None:
             self.observer = self.new_observer(self.inventory)
             self.clock = StepClock(self.observer, optimizers, steps=steps, every=every,
                                    on_step=self._published, on_done=self._finish)
         else:
             self.observer = self.run.observer
-            self.clock = RunClock(self.observer, optimizers, plan=self.run.plan,
+            self.clock = RunClock(self.observer, optimizers, plan=self._plan,
                                   on_done=self._finish, first_step=first_step)
         if self.run is None:
             self.observer.attach()
@@ -201,7 +204,15 @@ class Watch:
 
     def _end(self, how: str) -> Diagnosis | None:
         """`stop()`, saying why (`meta["ended"]`): "stop", or from `watch_ends` "exit" (the
-        process is exiting) or "SIGTERM" (it is being terminated: no report is rendered)."""
+        process is exiting) or "SIGTERM" (it is being terminated: no report is rendered).
+        Asked while the whole run is inside its own work (its `on_finding` callback, or a
+        signal that interrupted a window's judging), it returns None and the watch ends once
+        that work is done (`_plan`): ending inside it judged and released the run under the
+        window it was closing (issue 36, R19)."""
+        if self._busy and not self._finished:
+            self._asked = self._asked or how
+            return None
+        how = self._asked or how
         if not self._finished:
             self._ended = how
         self._finish(None)
@@ -224,6 +235,24 @@ class Watch:
         return f"<diagkit.Watch {n} tensors, {state}>"
 
     # ------------------------------------------------------------------ from the hooks
+    def _plan(self, index: int, recorded: bool):
+        """The whole run's `plan` for its clock: an end asked while it ran (`_end`) comes
+        once it has returned, and then no step is observed next."""
+        following = self._busily(self.run.plan, index, recorded)
+        if self._asked is None:
+            return following
+        self._end(self._asked)
+        return None
+
+    def _busily(self, work, *args):
+        """`work(*args)` with the whole run busy (`_end`): its plan, and its `on_finding`
+        (called also where no plan is under it: an optimizer adopted in its first step)."""
+        self._busy += 1
+        try:
+            return work(*args)
+        finally:
+            self._busy -= 1
+
     def _published(self, index: int) -> None:
         """An observed step was recorded: under a process group, publish it for rank 0; the
         live view may take a snapshot."""
