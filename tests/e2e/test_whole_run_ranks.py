@@ -1,10 +1,12 @@
 """A whole-run watch under a real torchrun job of 2 ranks (docs/whole-run.md, "The whole run"): a
 job that stops syncing (DDP dropped) at step 300 of 400 is `rank_divergent` from step 300, found
 window by window on rank 0; and a rank whose wiring changes alone (its lr schedule reaches 0 on that
-rank only) is one finding from that step."""
+rank only) is one finding from that step. Each rank's observed steps are its own count, in the
+diagnosis, the saved folder and the per-rank view (issue 36, R17: every rank but 0 read 0)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.xdist_group("whole_run_ranks")
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
 SCRIPT = '''
-import sys
+import json, sys
 import torch, torch.distributed as dist, diagkit
 from torch.nn.parallel import DistributedDataParallel as DDP
 mode, out = sys.argv[1], sys.argv[2]
@@ -41,6 +43,11 @@ for step in range(400):
     ddp(x).pow(2).mean().backward()
     opt.step()
 w.stop()
+seen = {"observed": w.clock.observed}  # what this rank's own clock observed
+if rank == 0:
+    from diagkit.present.ranks import rank_view
+    seen.update(ranks=w.diagnosis.meta["ranks"], view=rank_view(w.diagnosis))
+json.dump(seen, open(f"{out}.rank{rank}.json", "w"))
 dist.destroy_process_group()
 '''
 
@@ -72,3 +79,20 @@ def test_a_rank_wired_differently_is_one_finding_from_that_step(jobs):
     (wired,) = [f for f in diag.findings if f.code == "ranks_wired_differently"]
     assert wired.since == 201 and "rank 1's wiring differs from rank 0's" in wired.message
     assert any(f.code == "rank_divergent" for f in diag.findings)
+
+
+@pytest.mark.parametrize("mode", ["drop-ddp", "one-rank-lr"])
+def test_each_rank_reports_the_steps_it_observed(jobs, mode):
+    """Rank 0 takes the other ranks' steps window by window (and frees them): the count of
+    each rank is what it published, not what was left at the end. With its lr reaching 0 alone,
+    rank 1 observes a burst more than rank 0 (the change it saw)."""
+    own = [json.loads((jobs / f"{mode}.rank{r}.json").read_text())["observed"] for r in (0, 1)]
+    assert own[0] > 40 and (own[1] > own[0] if mode == "one-rank-lr" else own[1] == own[0])
+    seen = json.loads((jobs / f"{mode}.rank0.json").read_text())
+    saved = diagkit.load(jobs / mode)
+    for ranks in (seen["ranks"], saved.meta["ranks"]):
+        assert [ranks[r]["observed_steps"] for r in ("0", "1")] == own
+    assert saved.meta["steps_observed"] == own[0]
+    view = (f"2 ranks (0–1), {own[0]} steps observed" if own[0] == own[1] else
+            f"2 ranks (0–1), steps observed: rank 0: {own[0]}, rank 1: {own[1]}")
+    assert view in seen["view"]

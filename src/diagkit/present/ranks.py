@@ -47,9 +47,10 @@ def rank_view(diag, limit: int = 50) -> str:
     cols = ["step", "name", "rank", "used"] + (["checksum"] if has_checksum else [])
     s = steps[cols].copy()
     s["name"] = s["name"].astype(str)
-    ranks = sorted(int(r) for r in s["rank"].dropna().unique())
+    counts = _observed_per_rank(diag)
+    ranks = sorted({int(r) for r in s["rank"].dropna().unique()} | set(counts))
     flagged = _flagged(s)
-    out = [f'<div class="diagkit-ranks"><p>{_summary(ranks, int(s["step"].nunique()), flagged)}'
+    out = [f'<div class="diagkit-ranks"><p>{_summary(ranks, _observed(counts, s), flagged)}'
            '</p>']
     if len(flagged):
         out += _table(s, flagged, limit)
@@ -78,13 +79,33 @@ def _flagged(s: pd.DataFrame) -> pd.DataFrame:
                                ascending=[False, True, False, True], kind="stable")
 
 
-def _summary(ranks: list[int], n_steps: int, flagged: pd.DataFrame) -> str:
+def _observed_per_rank(diag) -> dict[int, int]:
+    """{rank: the steps it observed} where the run counted them per rank (a watch's
+    `meta["ranks"]`), else {}. A whole-run watch keeps only some of its steps in the table
+    (docs/whole-run.md, "The whole run"), and a rank that never stepped has no row at all."""
+    ranks = (getattr(diag, "meta", None) or {}).get("ranks")
+    if not isinstance(ranks, dict):
+        return {}
+    return {int(r): int(v["observed_steps"]) for r, v in ranks.items()
+            if isinstance(v, dict) and "observed_steps" in v}
+
+
+def _observed(counts: dict[int, int], s: pd.DataFrame) -> str:
+    """'3 steps observed', or per rank where the ranks' counts differ."""
+    kinds = set(counts.values()) if counts else {int(s["step"].nunique())}
+    if len(kinds) == 1:
+        n = kinds.pop()
+        return f"{n} step{'s' if n != 1 else ''} observed"
+    return "steps observed: " + ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items()))
+
+
+def _summary(ranks: list[int], observed: str, flagged: pd.DataFrame) -> str:
     """The view's first line: how many ranks and steps were compared, and what differed."""
     n_div, n_mixed = int(flagged["diverged"].sum()), int(flagged["mixed"].sum())
     rank_text = f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}"
     if ranks:
         rank_text += f" ({spans(ranks)})"
-    return (f"{rank_text}, {n_steps} step{'s' if n_steps != 1 else ''} observed; "
+    return (f"{rank_text}, {observed}; "
             + (f"{len(flagged)} tensor{'s differ' if len(flagged) != 1 else ' differs'} "
                "between ranks"
                f" ({n_mixed} used on some ranks only, {n_div} with values that diverged)."

@@ -86,9 +86,11 @@ class RankChannel:
         """This rank is done observing: `status` says how it ended."""
         self.store.set(self._key(self.rank, "status"), pickle.dumps(status))
 
-    def collect(self, timeout: float) -> tuple[list[pd.DataFrame], dict[int, dict | None]]:
-        """(every published step table of every rank, each rank's status or None): rank 0 waits
-        up to `timeout` seconds for the other ranks' statuses."""
+    def collect(self, timeout: float
+                ) -> tuple[list[pd.DataFrame], dict[int, dict | None], dict[int, int]]:
+        """(every published step table not taken yet, each rank's status or None, how many
+        steps each rank published in all): rank 0 waits up to `timeout` seconds for the other
+        ranks' statuses."""
         deadline = time.monotonic() + timeout
         pending = list(range(self.world))
         while pending:
@@ -96,14 +98,14 @@ class RankChannel:
             if not pending or time.monotonic() > deadline:
                 break
             time.sleep(0.02)
-        tables, statuses = [], {}
+        tables, statuses, published = [], {}, {}
         for r in range(self.world):
-            ready = self.store.add(self._key(r, "ready"), 0)
+            published[r] = ready = self.store.add(self._key(r, "ready"), 0)
             tables += [_table(self.store.get(self._key(r, f"step{i}")))
                        for i in range(self.taken[r], ready)]
             statuses[r] = (pickle.loads(self.store.get(self._key(r, "status")))
                            if r not in pending else None)
-        return tables, statuses
+        return tables, statuses, published
 
     def clear(self) -> None:
         """Free the keys rank 0 has read (the store lives as long as the job)."""

@@ -14,15 +14,16 @@ def assemble(channel: RankChannel, timeout: float, own: StepFailure | None, rows
              ) -> tuple[pd.DataFrame, StepFailure | None, dict[int, dict], list[dict]]:
     """(steps with `rank` and `checksum`, the run's failure, each rank's state, every rank's
     inventory rows joined: `rows` are rank 0's own)."""
-    tables, statuses = channel.collect(timeout)
+    tables, statuses, published = channel.collect(timeout)
     rows = channel.rows(rows)
     channel.clear()
     steps = (pd.concat(tables, ignore_index=True).sort_values(["step", "rank"], kind="stable",
                                                             ignore_index=True)
              if tables else pd.DataFrame(columns=["rank", *STEPS_COLUMNS, "checksum"]))
-    published = steps.groupby("rank")["step"].nunique().to_dict() if len(steps) else {}
+    # Every step each rank published: a whole-run watch's rank 0 takes (and frees) the other
+    # ranks' steps window by window, so the tables left at the end do not count them.
     ranks = {r: {"state": "done" if s is not None else "unfinished",
-                 "observed_steps": int(published.get(r, 0)),
+                 "observed_steps": int(published[r]),
                  **({"optimizer_steps": s["optimizer_steps"]} if s else {})}
              for r, s in statuses.items()}
     return steps, own or _failure(statuses, published, timeout), ranks, rows
