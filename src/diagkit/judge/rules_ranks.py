@@ -1,4 +1,5 @@
-"""Verdicts of a distributed run: what differs between ranks on the same step.
+"""Verdicts of a distributed run: what differs between ranks on the same step; and the one
+run-level finding about a rank itself, a rank that never steps (`never_stepped`).
 
 `rank_differences` is the one analysis behind both rules and the report's per-rank view.
 """
@@ -8,8 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..core.result import Finding
 from .verdict import verdict
 from .wording import subject
+
+NEVER_STEPPED = "rank_never_stepped"
 
 
 def rank_differences(steps: pd.DataFrame) -> pd.DataFrame:
@@ -211,3 +215,39 @@ def _explain_dependent(label, group, steps):
     fix = ("Keep DDP(find_unused_parameters=True), or make the branch contribute on every rank, "
            "e.g. loss = loss + 0.0 * sum(p.sum() for p in <module>.parameters()).")
     return message, fix
+
+
+def never_stepped(ranks: dict | None) -> list[Finding]:
+    """A rank that ran backward passes while watched but never began an optimizer step, while
+    another rank stepped (`meta["ranks"]` of a watch: `run.watch_ranks.rank_state`): one
+    error for the run, in no tensor's verdicts. It is not one of the fixed vocabulary's verdicts
+    (those judge tensors from their observed steps, and such a rank observes none); its wiring
+    is the other ranks', so the fault is its loop's: a step guarded by the rank, or a rank
+    that only runs forward and backward. Nothing where no rank stepped (a watch stopped before
+    the first step) or where the ranks did not count their backward passes."""
+    if not isinstance(ranks, dict):
+        return []
+    ranks = {int(r): s for r, s in ranks.items() if isinstance(s, dict)}
+    never = {r: s["backward_passes"] for r, s in sorted(ranks.items()) if "backward_passes" in s}
+    stepped = sorted(r for r, s in ranks.items()
+                     if "backward_passes" not in s and s.get("optimizer_steps"))
+    if not never or not stepped:
+        return []
+    passes = [f"{k} backward pass{'es' * (k != 1)}" for k in never.values()]
+    who = (f"rank {next(iter(never))} ran {passes[0]}" if len(never) == 1 else
+           "ranks " + ", ".join(f"{r} ({p})" for r, p in zip(never, passes)) + " ran backward "
+           "passes")
+    ref = stepped[0]
+    alive = [r for r in never if ranks[r].get("state") == "running"]
+    still = (f" Rank{'s' * (len(alive) > 1)} {', '.join(map(str, alive))} "
+             f"{'were' if len(alive) > 1 else 'was'} alive, still training, when rank 0 gathered "
+             "the ranks (not dead, not hanging)." if alive else "")
+    message = (f"{who} but never called optimizer.step() while watched (rank {ref} stepped "
+               f"{ranks[ref]['optimizer_steps']} time{'s' * (ranks[ref]['optimizer_steps'] != 1)}"
+               f"): its optimizer is not stepped, so its copy of the model never trains and "
+               f"drifts from the other ranks' (under DDP its gradients are still averaged into "
+               f"theirs).{still}")
+    fix = ("Call optimizer.step() on every rank, after every backward that should count: a "
+           "step guarded by the rank (if rank == 0: optimizer.step()) runs on that rank alone. "
+           "Keep only logging and saving to rank 0.")
+    return [Finding(NEVER_STEPPED, "error", (), message, fix)]

@@ -18,6 +18,7 @@ from ..judge.advice import build_advice
 from ..judge.checkpoint_audit import audit, audit_finding, load_findings
 from ..judge.findings import build_findings, subtrees
 from ..judge.rules_change import untold_why, zero_gradient_untold
+from ..judge.rules_ranks import never_stepped
 from ..judge.verdicts import (VERDICTS, judge, not_judged_without_optimizer,
                               not_measured_on_meta)
 from ..measure.aggregate import build_params
@@ -168,7 +169,8 @@ def judge_observation(obs: Observation, *, checkpoint: LoadReport | None = None,
                   **({} if on_meta else untold_zeros(params, obs.steps))}
     return Diagnosis(
         params=params, steps=obs.steps,
-        findings=build_findings(params, obs.steps, check_errors, obs.failure, extra,
+        findings=build_findings(params, obs.steps, check_errors, obs.failure,
+                                extra + never_stepped(obs.meta.get("ranks")),  # a watch's ranks
                                 sources=obs.meta.get("optimizer_sources", ()),
                                 context={"wrappers": obs.meta.get("wrappers"), "ddp": ddp}),
         advice=build_advice(params, obs.steps, ddp=ddp, cost=cost,

@@ -131,6 +131,7 @@ class Watch:
                                "collectives (docs/whole-run.md, \"The whole run\")")
         if self.channel is not None:  # rank 0 joins them: pipeline stages differ
             self.channel.publish_rows(self.inventory.rows)
+            self.channel.follow(self.inventory.tensors, optimizers)  # a rank that never steps
         self.timeout = timeout
         self._ddp = (model if isinstance(model, torch.nn.Module)
                      and "DistributedDataParallel" in self.wrappers else None)

@@ -48,18 +48,34 @@ class RankJoin:
         for rank in range(self.channel.world):
             if rank == self.channel.rank:
                 continue
-            while True:  # until it has published past this window, or WAIT is spent
-                for table in self.channel.take_steps(rank):
-                    step = int(table["step"].iloc[0]) if len(table) else -1
-                    self.seen[rank] = max(self.seen[rank], step)
-                    self._compare(rank, step, table.attrs.get("wiring"))
-                    if step in wanted:
-                        parts.append(table)
-                if self.seen[rank] >= last or time.monotonic() > deadline:
+            # Until it has published past this window, or WAIT is spent; not for a rank that
+            # said it is done (taken once more: all it observed came before that) or that
+            # never steps (`gather.RankChannel.never_steps`).
+            while True:
+                parts += self._take(rank, wanted)
+                if self.seen[rank] >= last:
+                    break
+                if self.channel.done(rank):
+                    parts += self._take(rank, wanted)
+                    break
+                if (time.monotonic() > deadline
+                        or self.channel.never_steps(rank) is not None):
                     break
                 time.sleep(0.002)
         return pd.concat(parts, ignore_index=True).sort_values(
             ["step", "rank"], kind="stable", ignore_index=True)
+
+    def _take(self, rank: int, wanted: set) -> list[pd.DataFrame]:
+        """Rank `rank`'s steps published since the last take, their wiring compared; those of
+        `wanted` steps."""
+        parts = []
+        for table in self.channel.take_steps(rank):
+            step = int(table["step"].iloc[0]) if len(table) else -1
+            self.seen[rank] = max(self.seen[rank], step)
+            self._compare(rank, step, table.attrs.get("wiring"))
+            if step in wanted:
+                parts.append(table)
+        return parts
 
     def _compare(self, rank: int, step: int, digest) -> None:
         # A rank ahead of rank 0 (no sync) is compared only up to where rank 0 has been.
