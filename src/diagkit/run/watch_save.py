@@ -9,20 +9,21 @@ from . import watch_ends
 def save(diagnosis, out, *, report: bool, ended: str) -> None:
     """Write `out` (and the report). Never raises: a failure is one line on stderr, and the
     result stays in `diagnosis`. A process being terminated renders no report: that takes
-    a notebook run, longer than a scheduler waits before SIGKILL."""
+    a notebook run, longer than a scheduler waits before SIGKILL (SIGTERM, or SIGHUP: a
+    terminal closed)."""
     if out is None:
         return
     try:
         diagnosis.save(out)
     except Exception as exc:  # a full disk, a folder replaced meanwhile: said, not raised
         watch_ends.report(f"diagkit: could not save the diagnosis to {out}: "
-                          f"{type(exc).__name__}: {exc}" + _KEPT[ended])
+                          f"{type(exc).__name__}: {exc}" + _KEPT.get(ended, _KEPT["SIGTERM"]))
         return
     if not report:
         return
     saved = str(out.resolve())
-    if ended == "SIGTERM":
-        watch_ends.report(f"diagkit: SIGTERM: the diagnosis is saved to {saved}; render its "
+    if ended.startswith("SIG"):  # SIGTERM, SIGHUP: the process is being ended
+        watch_ends.report(f"diagkit: {ended}: the diagnosis is saved to {saved}; render its "
                           f"report with: diagkit report --from {saved} --out {saved}/report")
         return
     try:
