@@ -6,9 +6,11 @@ writer of diagkit output shares them.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,21 +25,23 @@ if TYPE_CHECKING:
 def check_replaceable_dir(target: Path, marker: str) -> None:
     """Refuse to replace anything but an empty folder or one we wrote (it holds `marker`)."""
     target = Path(target)
-    if not target.exists():
+    found = _stat(target, str(target))
+    if found is None:
         return
-    if not target.is_dir():
+    if not stat.S_ISDIR(found.st_mode):
         raise DiagkitError(f"{target} exists and is not a folder; choose another output folder")
     if any(target.iterdir()) and not (target / marker).is_file():
         raise DiagkitError(f"{target} is a non-empty folder that diagkit did not write "
                            f"(no {marker}); choose a new or empty folder")
 
 
-def check_output_dir(target: Path, marker: str) -> None:
+def check_output_dir(target: Path, marker: str, label: str | None = None) -> None:
     """`check_replaceable_dir`, and the folder can be made: its first existing ancestor is a
     folder this process may write in (so a long run cannot end in a save that fails)."""
     target = Path(target)
+    label = label or str(target)
     check_replaceable_dir(target, marker)
-    ancestor = next((p for p in target.resolve().parents if p.exists()), None)
+    ancestor = next((p for p in real_path(target, label).parents if p.exists()), None)
     if ancestor is not None and not ancestor.is_dir():
         raise DiagkitError(f"{target}: {ancestor} is not a folder; choose another output folder")
     why = None if ancestor is None else cannot_write_in(ancestor)
@@ -66,36 +70,66 @@ def check_output(path, option: str) -> None:
     if path is None:
         return
     target = Path(path)
+    label = f"{option} {path}"
     if option == "--out":
-        if target.exists() and not target.is_dir():
-            raise DiagkitError(f"{option} {path} exists and is not a folder")
-        _check_ancestor(target, option)
+        found = _stat(target, label)
+        if found is not None and not stat.S_ISDIR(found.st_mode):
+            raise DiagkitError(f"{label} exists and is not a folder")
+        _check_ancestor(target, label)
         return
     if option == "--save":  # save replaces the folder: only one diagkit wrote, or an empty one
-        check_output_dir(target, marker="run.json")
+        _stat(target, label)  # a link loop: one line naming the option
+        check_output_dir(target, marker="run.json", label=label)
         return
-    parent = target.resolve().parent
+    parent = real_path(target, label).parent
     if not parent.is_dir():
         what = "is not a folder" if parent.exists() else "does not exist"
-        raise DiagkitError(f"{option} {path}: folder {parent} {what}")
+        raise DiagkitError(f"{label}: folder {parent} {what}")
     if target.is_dir():
-        raise DiagkitError(f"{option} {path} is a folder; give a file name")
+        raise DiagkitError(f"{label} is a folder; give a file name")
     why = cannot_write_in(parent)
     if why:
-        raise DiagkitError(f"{option} {path}: cannot write in {parent} ({why})")
+        raise DiagkitError(f"{label}: cannot write in {parent} ({why})")
 
 
-def _check_ancestor(target: Path, option: str) -> None:
+def _check_ancestor(target: Path, label: str) -> None:
     """A report folder is filled through a scratch folder beside it: its first existing
     ancestor (where the scratch folder goes) and the folder itself, if it exists, must be
     folders this process can write in."""
-    ancestor = next((p for p in target.resolve().parents if p.exists()), None)
+    ancestor = next((p for p in real_path(target, label).parents if p.exists()), None)
     if ancestor is not None and not ancestor.is_dir():
-        raise DiagkitError(f"{option} {target}: {ancestor} is not a folder")
+        raise DiagkitError(f"{label}: {ancestor} is not a folder")
     for where in (ancestor, target if target.is_dir() else None):
         why = None if where is None else cannot_write_in(where)
         if why:
-            raise DiagkitError(f"{option} {target}: cannot write in {where} ({why})")
+            raise DiagkitError(f"{label}: cannot write in {where} ({why})")
+
+
+# ------------------------------------------------------------------ what a path is
+def _stat(path: Path, label: str) -> os.stat_result | None:
+    """`os.stat(path)` through links; None when nothing is there (or a link points nowhere).
+    A link loop, an over-long name, a folder that may not be searched: the user's to fix, in
+    one line (pathlib's `exists()` says False to a loop, and `resolve()` raises RuntimeError)."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise DiagkitError(f"{label}: {reason(exc)}") from None
+
+
+def reason(exc: OSError) -> str:
+    """An OSError's cause as a person reads it."""
+    if exc.errno == errno.ELOOP:
+        return "symbolic link loop"
+    return exc.strerror or type(exc).__name__
+
+
+def real_path(path: Path, label: str) -> Path:
+    """`path` with every symbolic link followed: where a write through it lands (a dangling
+    link: the path it names). A loop is a DiagkitError naming `label`."""
+    _stat(path, label)
+    return Path(os.path.realpath(path))
 
 
 def _replace_dir(tmp: Path, target: Path) -> None:
