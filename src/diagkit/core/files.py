@@ -1,4 +1,6 @@
-"""Writing outputs so that a reader sees the old file or the complete new one, never half.
+"""Writing outputs so that a reader sees the old file or the complete new one, never half;
+what an output path is (a regular file is swapped in whole; a link is written through; a
+stream, a device or a FIFO is written into, never replaced).
 
 Strict JSON (NaN and infinities as null) and the tables' parquet form live here too, so every
 writer of diagkit output shares them.
@@ -11,6 +13,7 @@ import json
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,7 +26,9 @@ if TYPE_CHECKING:
 
 
 def check_replaceable_dir(target: Path, marker: str) -> None:
-    """Refuse to replace anything but an empty folder or one we wrote (it holds `marker`)."""
+    """Refuse to replace anything but an empty folder or one we wrote (it holds `marker`). A
+    symbolic link to such a folder is written through (the folder it points to is replaced;
+    the link stays)."""
     target = Path(target)
     found = _stat(target, str(target))
     if found is None:
@@ -81,12 +86,17 @@ def check_output(path, option: str) -> None:
         _stat(target, label)  # a link loop: one line naming the option
         check_output_dir(target, marker="run.json", label=label)
         return
-    parent = real_path(target, label).parent
+    how, where = file_target(target, label)
+    if how == "stream":
+        return
+    if how == "into":
+        if not os.access(where, os.W_OK):
+            raise DiagkitError(f"{label}: permission denied")
+        return
+    parent = where.parent
     if not parent.is_dir():
         what = "is not a folder" if parent.exists() else "does not exist"
         raise DiagkitError(f"{label}: folder {parent} {what}")
-    if target.is_dir():
-        raise DiagkitError(f"{label} is a folder; give a file name")
     why = cannot_write_in(parent)
     if why:
         raise DiagkitError(f"{label}: cannot write in {parent} ({why})")
@@ -130,6 +140,39 @@ def real_path(path: Path, label: str) -> Path:
     link: the path it names). A loop is a DiagkitError naming `label`."""
     _stat(path, label)
     return Path(os.path.realpath(path))
+
+
+def file_target(path: Path, label: str) -> tuple[str, Path | int]:
+    """How an output file at `path` is written (docs/cli.md, "Command line"):
+
+    - ("stream", fd): `path` is this process's standard output or error (`/dev/stdout`, or
+      the file they are redirected to): written to that stream, after what was printed;
+    - ("into", path): a character device (`/dev/null`) or a FIFO: opened and written, never
+      replaced (a rename would put a regular file where /dev/null was);
+    - ("swap", real path): a regular file, or none yet: written beside and renamed over it.
+      Through a symbolic link, the file it points to is the one replaced; the link stays.
+
+    Anything else there (a folder, a socket, a block device) is refused in one line."""
+    found = _stat(path, label)
+    if found is None:
+        return "swap", real_path(path, label)
+    for fd in (1, 2):
+        try:
+            if os.path.samestat(found, os.fstat(fd)):
+                return "stream", fd
+        except OSError:  # no such descriptor (a daemon)
+            continue
+    mode = found.st_mode
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return "into", path
+    if stat.S_ISREG(mode):
+        return "swap", real_path(path, label)
+    if stat.S_ISDIR(mode):
+        raise DiagkitError(f"{label} is a folder; give a file name")
+    what = "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) \
+        else "not a regular file"
+    raise DiagkitError(f"{label} is {what}; diagkit writes a regular file, a character device "
+                       "or a FIFO")
 
 
 def _replace_dir(tmp: Path, target: Path) -> None:
@@ -218,25 +261,50 @@ def _as_tuple(value):
 
 
 def write_text_atomic(path, text: str, newline: str | None = None) -> None:
-    """`text` into `path` through a temporary file beside it, swapped in when complete."""
+    """`text` into `path` as `file_target` says: a regular file through a temporary file
+    beside it, swapped in when complete; a stream, a character device or a FIFO written
+    into."""
     path = Path(path)
+    how, where = file_target(path, str(path))
+    if how != "swap":  # a stream (a terminal, a pipe) ends its last line
+        _write_into(where, text if how == "into" or text.endswith("\n") else text + "\n",
+                    newline, path)
+        return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        where.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{where.name}.", dir=where.parent)
     except OSError as exc:  # a folder that became read-only, a full disk: the user's to fix
-        raise DiagkitError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise DiagkitError(f"cannot write {path}: {reason(exc)}") from None
     try:
-        with os.fdopen(fd, "w", newline=newline) as fh:
+        with os.fdopen(fd, "w", newline=newline, encoding="utf-8") as fh:
             fh.write(text)
-        os.replace(tmp, path)
+        os.replace(tmp, where)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def _write_into(where: Path | int, text: str, newline: str | None, path: Path) -> None:
+    """Write a stream, a character device or a FIFO in place (a FIFO's open waits for its
+    reader, as a shell's `>` does). What was printed before goes first."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # closed, or replaced by no stream
+            pass
+    try:
+        with open(where, "w", newline=newline, encoding="utf-8", closefd=isinstance(where, Path)
+                  ) as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise DiagkitError(f"cannot write {path}: {reason(exc)}") from None
+
+
 def write_dir_atomic(target, write) -> Path:
-    """Fill a scratch folder beside `target` with `write(folder)`, then swap it into place."""
-    target = Path(target)
+    """Fill a scratch folder beside `target` with `write(folder)`, then swap it into place.
+    Through a symbolic link, the folder it points to is replaced and the link stays."""
+    given = Path(target)
+    target = real_path(given, str(given))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
@@ -245,4 +313,4 @@ def write_dir_atomic(target, write) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
+    return given

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..core import severity
 from ..core.errors import DiagkitError
+from ..core.files import real_path
 from ..core.format import one_line
 from . import signals
 from .contract import DIAGNOSE, notebook_path
@@ -50,9 +51,10 @@ def write_report(out, sections: dict[str, dict], show_code: bool = False,
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DiagkitError(f"{out} exists and is not a folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    real = real_path(out, str(out))  # through a link: beside the folder it names,
+    real.parent.mkdir(parents=True, exist_ok=True)  # so that every move is a rename
+    scratch = Path(tempfile.mkdtemp(prefix=f".{real.name}.tmp-", dir=real.parent))
+    try:  # (the scratch's 0700 reaches nothing: its entries move into `out`, never itself)
         notebooks, errors, worst, timed_out = [], [], [], []
         for name, params in checked.items():
             data_dir = scratch if len(checked) == 1 else scratch / _slug(name)
