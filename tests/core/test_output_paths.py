@@ -1,7 +1,8 @@
-"""What an output path is, and how it is written (issue 36, R2, R18; docs/cli.md, "Command
+"""What an output path is, and how it is written (issue 36, R2, R18, R21; docs/cli.md, "Command
 line"): a regular file is swapped in whole; a symbolic link is written through and stays a
 link; a character device or a FIFO is written into, never replaced; this process's standard
-output gets the text after what was printed; a link loop is one line.
+output gets the text after what was printed; a link loop is one line; what is written gets
+the mode the umask gives.
 
 Nothing here writes a system file: a device or a stream is reached through a link made in
 tmp_path (as root, a rename over `/dev/null` itself would replace it)."""
@@ -11,13 +12,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 
 import pytest
 import torch
 
 import diagkit
 from diagkit import DiagkitError
-from diagkit.core.files import check_output, write_json_atomic
+from diagkit.core.files import check_output, shared_mode, umask, write_json_atomic
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +135,45 @@ def test_writing_through_a_link_loop_is_refused_and_the_links_stay(diag, tmp_pat
         diag.save(tmp_path / "a")
     assert all((tmp_path / n).is_symlink() for n in "ab")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+# ------------------------------------------------------------------ R21: the umask's modes
+@pytest.fixture
+def mask_027():
+    before = os.umask(0o027)
+    try:
+        yield
+    finally:
+        os.umask(before)
+
+
+def test_umask_is_read_without_changing_it(mask_027):
+    assert umask() == 0o027 and umask() == 0o027
+    assert shared_mode(folder=True) == 0o750 and shared_mode(folder=False) == 0o640
+
+
+def test_a_saved_folder_and_its_files_get_the_umask_modes(diag, tmp_path, mask_027):
+    folder = diag.save(tmp_path / "diag")
+    diag.save(folder)  # replaced: the new folder too
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o750
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()} == dict.fromkeys(
+        ["advice.json", "findings.json", "params.parquet", "run.json", "steps.parquet"], 0o640)
+
+
+def test_a_json_file_gets_the_umask_mode_and_a_replaced_one_keeps_its_own(tmp_path, mask_027):
+    new = tmp_path / "new.json"
+    write_json_atomic(new, {"a": 1})
+    assert stat.S_IMODE(new.stat().st_mode) == 0o640
+    kept = tmp_path / "kept.json"
+    kept.write_text("{}")
+    kept.chmod(0o604)
+    write_json_atomic(kept, {"a": 2})
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o604 and json.loads(kept.read_text()) == {"a": 2}
+
+
+def test_umask_read_from_another_thread_sees_the_process_mask(mask_027):
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(umask()))
+    thread.start()
+    thread.join()
+    assert seen == [0o027]

@@ -1,6 +1,6 @@
 """Writing outputs so that a reader sees the old file or the complete new one, never half;
 what an output path is (a regular file is swapped in whole; a link is written through; a
-stream, a device or a FIFO is written into, never replaced).
+stream, a device or a FIFO is written into, never replaced); the modes the umask gives.
 
 Strict JSON (NaN and infinities as null) and the tables' parquet form live here too, so every
 writer of diagkit output shares them.
@@ -15,6 +15,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -175,6 +176,33 @@ def file_target(path: Path, label: str) -> tuple[str, Path | int]:
                        "or a FIFO")
 
 
+# ------------------------------------------------------------------ modes
+_UMASK_LOCK = threading.Lock()
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (`/proc/self/status`):
+    `os.umask` can only set it, and a thread that creates a file between setting and
+    restoring it would get a wrong mode."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return mask
+
+
+def shared_mode(folder: bool) -> int:
+    """The mode `open()` or `mkdir()` would give under the umask. `tempfile.mkstemp` and
+    `mkdtemp` make 0600 and 0700 whatever the umask, so a folder or file swapped into place
+    from one would be unreadable by a teammate the umask lets read it."""
+    return (0o777 if folder else 0o666) & ~umask()
+
+
 def _replace_dir(tmp: Path, target: Path) -> None:
     """Swap a fully written folder into place."""
     if target.exists():
@@ -262,8 +290,8 @@ def _as_tuple(value):
 
 def write_text_atomic(path, text: str, newline: str | None = None) -> None:
     """`text` into `path` as `file_target` says: a regular file through a temporary file
-    beside it, swapped in when complete; a stream, a character device or a FIFO written
-    into."""
+    beside it, swapped in when complete (keeping the mode of the file it replaces; a new one
+    gets the umask's); a stream, a character device or a FIFO written into."""
     path = Path(path)
     how, where = file_target(path, str(path))
     if how != "swap":  # a stream (a terminal, a pipe) ends its last line
@@ -272,10 +300,12 @@ def write_text_atomic(path, text: str, newline: str | None = None) -> None:
         return
     try:
         where.parent.mkdir(parents=True, exist_ok=True)
+        mode = stat.S_IMODE(os.stat(where).st_mode) if where.is_file() else shared_mode(False)
         fd, tmp = tempfile.mkstemp(prefix=f".{where.name}.", dir=where.parent)
     except OSError as exc:  # a folder that became read-only, a full disk: the user's to fix
         raise DiagkitError(f"cannot write {path}: {reason(exc)}") from None
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", newline=newline, encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, where)
@@ -302,12 +332,14 @@ def _write_into(where: Path | int, text: str, newline: str | None, path: Path) -
 
 def write_dir_atomic(target, write) -> Path:
     """Fill a scratch folder beside `target` with `write(folder)`, then swap it into place.
-    Through a symbolic link, the folder it points to is replaced and the link stays."""
+    Through a symbolic link, the folder it points to is replaced and the link stays. The
+    folder gets the mode the umask gives a new folder."""
     given = Path(target)
     target = real_path(given, str(given))
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
+        os.chmod(tmp, shared_mode(folder=True))
         write(tmp)
         _replace_dir(tmp, target)
     except BaseException:
