@@ -34,6 +34,11 @@ def saved(tmp_path_factory):
         for name, proc in procs.items():
             assert proc.result().returncode == 0, proc.result().stderr
     failing_run(1).save(d / "failed")
+    failing_run(1).save(d / "old")
+    for table, added in (("params", ["placement", "stage", "skipped_steps"]),
+                         ("steps", ["skipped"])):  # as saved before these columns existed
+        path = d / "old" / f"{table}.parquet"
+        pd.read_parquet(path).drop(columns=added).to_parquet(path)
     return d
 
 
@@ -42,7 +47,8 @@ def reports(saved):
     """Each saved diagnosis rendered, concurrently; `ft` by a relative --from, from its folder."""
     cases = {"ft": ["--from", "ft", "--out", "r_ft", "--fail-on", "warning"],
              "ranks": ["--from", saved / "ranks", "--out", saved / "r_ranks"],
-             "failed": ["--from", saved / "failed", "--out", saved / "r_failed"]}
+             "failed": ["--from", saved / "failed", "--out", saved / "r_failed"],
+             "old": ["--from", saved / "old", "--out", saved / "r_old"]}
     with ThreadPoolExecutor(max_workers=3) as pool:
         procs = {k: pool.submit(run, "report", *args, cwd=saved) for k, args in cases.items()}
         return {k: p.result() for k, p in procs.items()}
@@ -88,6 +94,18 @@ def test_fail_on_and_the_failure_of_a_saved_run(saved, reports):
     page = (out / "report.html").read_text()
     assert "step_failed" in page and "boom" in page
     assert "This report is incomplete" not in page
+
+
+def test_report_from_renders_a_save_of_an_older_diagkit(saved, reports):
+    """Saved before placement, stage, skipped_steps and steps.skipped existed (issue 36,
+    R13): rendered as `load` reads it, those columns with the values they meant then."""
+    proc, out = reports["old"], saved / "r_old"
+    assert proc.returncode == 1, proc.stderr  # step_failed, as for the same run saved now
+    page = (out / "report.html").read_text()
+    assert "step_failed" in page and "boom" in page
+    assert "This report is incomplete" not in page
+    params = pd.read_csv(out / "params.csv", keep_default_na=False)
+    assert set(params["placement"]) == {""} and set(params["skipped_steps"]) == {0}
 
 
 # ------------------------------------------------------------------ bad input

@@ -197,7 +197,7 @@ def load(directory) -> Diagnosis:
     failure = StepFailure(**run["failure"]) if run.get("failure") else None
     return Diagnosis(
         params=_added_columns(from_parquet(folder / "params.parquet"),
-                              {"skipped_steps": 0, "stage": ""}),
+                              {"placement": "", "skipped_steps": 0, "stage": ""}),
         steps=_added_columns(from_parquet(folder / "steps.parquet"), {"skipped": False}),
         findings=_saved_findings(json.loads((folder / "findings.json").read_text()), folder),
         advice=json.loads((folder / "advice.json").read_text()),
@@ -249,7 +249,8 @@ class Comparison(_Judged):
 
 def _added_columns(table: pd.DataFrame, defaults: dict) -> pd.DataFrame:
     """A table saved before a column existed gets it with the value that meant then (no step
-    was ever marked skipped), so what reads it needs no second path."""
+    was ever marked skipped, every tensor was a plain one on every rank), so what reads it
+    (`load`, `report --from`, `explore`) needs no second path."""
     if len(table.columns):
         for column, value in defaults.items():
             if column not in table.columns:
