@@ -114,8 +114,15 @@ def _corrupt(saved: Path, root: Path) -> None:
     (root / "a_file").write_text("not a folder\n")
     (root / "not_saved").mkdir()
     (root / "not_saved" / "notes.txt").write_text("hello\n")
-    for name in ("bad_json", "truncated", "no_steps", "bad_columns", "bad_severity"):
+    for name in ("bad_json", "truncated", "no_steps", "bad_columns", "bad_severity", "newer",
+                 "bad_count"):
         shutil.copytree(saved / "ft", root / name)
+    run_json = json.loads((root / "newer" / "run.json").read_text())
+    run_json["format"] = 99
+    (root / "newer" / "run.json").write_text(json.dumps(run_json))
+    findings = json.loads((root / "bad_count" / "findings.json").read_text())
+    findings[0]["count"] = "several"
+    (root / "bad_count" / "findings.json").write_text(json.dumps(findings))
     findings = json.loads((root / "bad_severity" / "findings.json").read_text())
     findings[0]["severity"] = "catastrophic"  # ranks as ok: it would load, and exit 0
     (root / "bad_severity" / "findings.json").write_text(json.dumps(findings))
@@ -148,6 +155,10 @@ BAD = {
     "bad_severity": (["report", "--from", "bad_severity", "--out", "OUT", "--fail-on", "info"],
                      ["bad_severity", "corrupt", "'catastrophic'"]),
     "out_is_saved": (["report", "--from", "SAVED", "--out", "SAVED"], ["--out", "itself"]),
+    "newer": (["report", "--from", "newer", "--out", "OUT"],
+              ["newer", "saved by a newer diagkit (format 99; this one reads ≤ 1): upgrade"]),
+    "bad_count": (["report", "--from", "bad_count", "--out", "OUT"],
+                  ["bad_count", "corrupt", "findings.json", "count"]),
 }
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pandas as pd
 
 from . import severity
-from .errors import DiagkitError
-from .files import (check_replaceable_dir, from_parquet, json_text, records, to_jsonable,
-                    to_parquet, write_dir_atomic)
+from . import saved
+from .files import (check_replaceable_dir, json_text, records, to_jsonable, to_parquet,
+                    write_dir_atomic)
 from .format import human_bytes
 
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = saved.FORMAT_VERSION  # what a save writes; `saved` says what a load reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +59,12 @@ class Finding:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Finding":
-        """Also reads a finding saved before `source` existed (it then has none)."""
-        return cls(**{**d, "params": tuple(d.get("params", ())),
+        """Also reads a finding saved before `source` existed (it then has none), and one
+        saved by a newer diagkit of the same format: fields this version does not know are
+        ignored (docs/result.md, "Saved folders")."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{**{k: v for k, v in d.items() if k in known},
+                      "params": tuple(d.get("params", ())),
                       "source": tuple(dict(s) for s in d.get("source") or ())})
 
 
@@ -189,37 +193,20 @@ class Diagnosis(_Judged):
 
 
 def load(directory) -> Diagnosis:
-    """Read a folder written by `Diagnosis.save`."""
-    folder = Path(directory)
-    if not (folder / "run.json").is_file():
-        raise DiagkitError(f"{folder} is not a saved diagnosis (no run.json)")
-    run = json.loads((folder / "run.json").read_text())
-    failure = StepFailure(**run["failure"]) if run.get("failure") else None
+    """Read a folder written by `Diagnosis.save`: a save of an older diagkit too; one of a
+    newer format, or a damaged one, is a one-line DiagkitError (`diagkit.core.saved`)."""
+    parts = saved.read(Path(directory))
+    run = parts["run"]
+    failure = run.get("failure")
     return Diagnosis(
-        params=_added_columns(from_parquet(folder / "params.parquet"),
-                              {"placement": "", "skipped_steps": 0, "stage": ""}),
-        steps=_added_columns(from_parquet(folder / "steps.parquet"), {"skipped": False}),
-        findings=_saved_findings(json.loads((folder / "findings.json").read_text()), folder),
-        advice=json.loads((folder / "advice.json").read_text()),
-        failure=failure,
-        meta=run.get("meta", {}),
+        params=parts["params"], steps=parts["steps"],
+        findings=[Finding.from_dict(d) for d in parts["findings"]],
+        advice=parts["advice"],
+        failure=StepFailure(**{k: failure[k] for k in ("step", "error", "traceback")})
+        if failure else None,
+        meta=run["meta"],
         checkpoint=run.get("checkpoint"),
     )
-
-
-def _saved_findings(payload, folder: Path) -> list[Finding]:
-    """The saved findings, each with a severity this version ranks: an unknown one ranks as
-    ok, so a run saved with `"severity": "fatal"` would load, pass every `--fail-on` and exit
-    0. A folder edited by hand or damaged is refused in one line instead."""
-    if not isinstance(payload, list) or not all(isinstance(d, dict) for d in payload):
-        raise DiagkitError(f"saved diagnosis {folder} is corrupt: findings.json must be a list "
-                           "of findings")
-    for i, d in enumerate(payload):
-        if d.get("severity") not in severity.LEVELS:
-            raise DiagkitError(f"saved diagnosis {folder} is corrupt: finding {i} "
-                               f"({d.get('code')!r}) has severity {d.get('severity')!r}, "
-                               f"not one of {', '.join(severity.LEVELS)}")
-    return [Finding.from_dict(d) for d in payload]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,17 +232,6 @@ class Comparison(_Judged):
     def __repr__(self) -> str:
         return (f"<Comparison {self.summary['tensors']} tensors, {self.summary['changed']} "
                 f"changed, {self.summary['unchanged']} unchanged, worst={self.worst()}>")
-
-
-def _added_columns(table: pd.DataFrame, defaults: dict) -> pd.DataFrame:
-    """A table saved before a column existed gets it with the value that meant then (no step
-    was ever marked skipped, every tensor was a plain one on every rank), so what reads it
-    (`load`, `report --from`, `explore`) needs no second path."""
-    if len(table.columns):
-        for column, value in defaults.items():
-            if column not in table.columns:
-                table[column] = value
-    return table
 
 
 def _write_json(path: Path, payload) -> None:

@@ -14,7 +14,6 @@ from ..core.errors import DiagkitError
 from ..core.files import write_json_atomic
 from ..core.format import one_line
 from ..core.options import check_try_fix_options
-from ..core.schema import PARAMS_COLUMNS, STEPS_COLUMNS
 from . import contract
 from .paths import resolve_paths
 from .printed import collected
@@ -90,9 +89,10 @@ def load_saved(path):
     """The diagnosis `Diagnosis.save` wrote to `path`, or a one-line DiagkitError saying why
     not. A relative path is read from the working folder, as the `checkpoint` parameter is.
 
-    `diagkit.load` trusts its folder; here it may be anything a user typed, copied off a GPU
-    node half-way, or written by another version, so every failure becomes one sentence, and
-    the columns the notebook's cells read are checked before any cell reads them."""
+    It may be anything a user typed, copied off a GPU node half-way, or written by another
+    version: `diagkit.load` names a newer format, damage and missing columns in one line
+    (`diagkit.core.saved`), and reads an older save with the values its missing columns meant
+    then; anything else that goes wrong is said in one line too."""
     folder = Path(path)
     where = str(path) if folder.is_absolute() else f"{path} (from {Path.cwd()})"
     if not folder.is_dir():
@@ -100,21 +100,12 @@ def load_saved(path):
         raise DiagkitError(f"saved diagnosis {where} {what}")
     from ..core.result import load  # torch and pandas: only for a folder worth reading
     try:
-        diag = load(folder)
+        return load(folder)
     except DiagkitError:
         raise
-    except Exception as exc:  # a truncated parquet, bad JSON, a missing file, a wrong key
+    except Exception as exc:  # what the checks of `core.saved` did not foresee
         raise DiagkitError(f"saved diagnosis {where} is unreadable (corrupt or incomplete): "
                            f"{type(exc).__name__}: {one_line(exc)[:200]}") from None
-    for table, columns in (("params", PARAMS_COLUMNS), ("steps", STEPS_COLUMNS)):
-        missing = [c for c in columns if c not in getattr(diag, table).columns]
-        if missing:
-            raise DiagkitError(f"saved diagnosis {where} is incomplete: its {table} table "
-                               f"lacks {', '.join(missing[:5])}")
-    if not isinstance(diag.advice, dict) or not isinstance(diag.meta, dict):
-        raise DiagkitError(f"saved diagnosis {where} is corrupt: advice and meta must be "
-                           "JSON objects")
-    return diag
 
 
 def origin_html(settings: dict) -> str:
