@@ -1,5 +1,5 @@
 """What reading a saved diagnosis says about one it cannot read, and how it reads an older one
-(issue 36, R13, R14; docs/result.md, "Saved folders"): a newer format is refused with
+(issue 36, R13, R14, R15; docs/result.md, "Saved folders"): a newer format is refused with
 "upgrade"; damage is one line naming the file; a save from before a column existed is read
 with the value that column meant then; a finding's unknown fields are ignored."""
 
@@ -133,3 +133,40 @@ def test_a_failure_without_its_error_is_damage_and_extra_fields_are_ignored(fold
     refused(folder, "corrupt", "run.json", "failure")
     edit_json(folder / "run.json", lambda run: run["failure"].update(error="boom"))
     assert diagkit.load(folder).failure == StepFailure(step=1, error="boom", traceback="")
+
+
+# ------------------------------------------------------------------ R15: meta, explore
+@pytest.mark.parametrize("field, value", [
+    ("events", "garbage"), ("events", [{"step": "two", "what": "x"}]), ("events", [3]),
+    ("timeline", [{"code": "orphan", "severity": "fatal", "module": "", "since": 0,
+                   "until": 1, "ended": None}]),
+    ("steps_observed", "many"), ("optimizer_steps", -0.5), ("not_judged", ["a"]),
+])
+def test_a_hand_edited_meta_field_is_damage_naming_it(folder, field, value):
+    edit_json(folder / "run.json", lambda run: run["meta"].update({field: value}))
+    refused(folder, "corrupt", "run.json", f"meta {field}")
+
+
+def test_a_meta_that_is_no_object_is_damage(folder):
+    edit_json(folder / "run.json", lambda run: run.update(meta=[1]))
+    refused(folder, "corrupt", "run.json", "meta")
+
+
+def test_well_formed_events_and_timeline_load(folder):
+    events = [{"step": 2, "what": "group 1 added", "names": ["a.weight"]}]
+    timeline = [{"code": "orphan", "severity": "warning", "module": "0", "since": 0,
+                 "until": 1, "ended": None}]
+    edit_json(folder / "run.json", lambda run: run["meta"].update(events=events,
+                                                                    timeline=timeline))
+    meta = diagkit.load(folder).meta
+    assert meta["events"] == events and meta["timeline"] == timeline
+
+
+def test_explore_names_damage_as_damage(folder):
+    pytest.importorskip("ipywidgets")
+    data = (folder / "params.parquet").read_bytes()
+    (folder / "params.parquet").write_bytes(data[:100])
+    line = refused(folder, "corrupt", "params.parquet", reader=diagkit.explore)
+    assert "replaced" not in line
+    edit_json(folder / "run.json", lambda run: run["meta"].update(events="garbage"))
+    refused(folder, "corrupt", "run.json", "meta events", reader=diagkit.explore)

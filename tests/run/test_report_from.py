@@ -115,11 +115,13 @@ def _corrupt(saved: Path, root: Path) -> None:
     (root / "not_saved").mkdir()
     (root / "not_saved" / "notes.txt").write_text("hello\n")
     for name in ("bad_json", "truncated", "no_steps", "bad_columns", "bad_severity", "newer",
-                 "bad_count"):
+                 "bad_events", "bad_count"):
         shutil.copytree(saved / "ft", root / name)
-    run_json = json.loads((root / "newer" / "run.json").read_text())
-    run_json["format"] = 99
-    (root / "newer" / "run.json").write_text(json.dumps(run_json))
+    for name, edit in (("newer", lambda run: run.update(format=99)),
+                       ("bad_events", lambda run: run["meta"].update(events=[{"step": "x"}]))):
+        run_json = json.loads((root / name / "run.json").read_text())
+        edit(run_json)
+        (root / name / "run.json").write_text(json.dumps(run_json))
     findings = json.loads((root / "bad_count" / "findings.json").read_text())
     findings[0]["count"] = "several"
     (root / "bad_count" / "findings.json").write_text(json.dumps(findings))
@@ -157,6 +159,8 @@ BAD = {
     "out_is_saved": (["report", "--from", "SAVED", "--out", "SAVED"], ["--out", "itself"]),
     "newer": (["report", "--from", "newer", "--out", "OUT"],
               ["newer", "saved by a newer diagkit (format 99; this one reads ≤ 1): upgrade"]),
+    "bad_events": (["report", "--from", "bad_events", "--out", "OUT"],
+                   ["bad_events", "corrupt", "run.json", "meta events"]),
     "bad_count": (["report", "--from", "bad_count", "--out", "OUT"],
                   ["bad_count", "corrupt", "findings.json", "count"]),
 }

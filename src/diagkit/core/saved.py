@@ -8,14 +8,16 @@ saying in one line why a folder cannot be (docs/result.md, "Saved folders"):
   then; a finding's fields this version does not know (a newer diagkit's, same format) are
   ignored, so an older diagkit still reads what a newer one saved.
 
-A folder being replaced by a save is read whole from one folder: its files are opened relative
-to the folder first opened, never half from the old and half from the new.
+A folder being replaced by a save is read whole from one folder (its files are opened relative
+to the folder first opened, never half from the old and half from the new), and read again
+when that folder was swapped away meanwhile.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from . import severity
@@ -25,30 +27,47 @@ from .format import brief
 from .schema import PARAMS_COLUMNS, STEPS_COLUMNS
 
 FORMAT_VERSION = 1
+TRIES = 3  # reads of a folder that a save replaced while it was read
 # Columns added after format 1, with the value each meant in a save from before it existed.
 ADDED = {"params": {"placement": "", "stage": "", "skipped_steps": 0},
          "steps": {"skipped": False}}
 
 
 class _Unreadable(DiagkitError):
-    """A read that failed: the folder is damaged, or is no saved diagnosis."""
+    """A read that failed: damage, unless the folder was replaced while it was read."""
 
 
 def read(folder: Path) -> dict:
     """The parts of the diagnosis saved in `folder`, checked: `run` (run.json: `meta`,
     `failure`, `checkpoint`), `params`, `steps`, `findings` (dicts), `advice`."""
     folder = Path(folder)
+    for attempt in range(TRIES):
+        try:
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        except (FileNotFoundError, NotADirectoryError):
+            what = "is not a folder" if os.path.lexists(folder) else "does not exist"
+            raise DiagkitError(f"saved diagnosis {folder} {what}") from None
+        except OSError as exc:
+            raise DiagkitError(f"saved diagnosis {folder} cannot be read: {reason(exc)}"
+                               ) from None
+        try:
+            return _read(_Folder(fd, folder))
+        except _Unreadable:
+            if not _replaced(fd, folder):
+                raise
+        finally:
+            os.close(fd)
+        time.sleep(0.1 * (attempt + 1))
+    raise DiagkitError(f"saved diagnosis {folder} was replaced {TRIES} times while being "
+                       "read: try again")
+
+
+def _replaced(fd: int, folder: Path) -> bool:
+    """Whether `folder` names another folder than the one opened as `fd` (a save swapped it)."""
     try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except (FileNotFoundError, NotADirectoryError):
-        what = "is not a folder" if os.path.lexists(folder) else "does not exist"
-        raise DiagkitError(f"saved diagnosis {folder} {what}") from None
-    except OSError as exc:
-        raise DiagkitError(f"saved diagnosis {folder} cannot be read: {reason(exc)}") from None
-    try:
-        return _read(_Folder(fd, folder))
-    finally:
-        os.close(fd)
+        return not os.path.samestat(os.fstat(fd), os.stat(folder))
+    except OSError:
+        return True
 
 
 class _Folder:
@@ -137,6 +156,21 @@ def _optional(check):
     return lambda v: v is None or check(v)
 
 
+_LEVEL = severity.LEVELS.__contains__
+# The fields of run.json's meta that what renders a saved diagnosis computes with (the
+# others are shown as they are): field -> (what it must be, check).
+_META = {
+    "steps_observed": ("a count", _optional(_count)),
+    "optimizer_steps": ("a count", _optional(_count)),
+    "ended": ("text", _text),
+    "timed_out": ("true or false", lambda v: isinstance(v, bool)),
+    "not_judged": ("an object", lambda v: isinstance(v, dict)),
+    "not_measured": ("an object", _optional(lambda v: isinstance(v, dict))),
+    "events": ("a list of {step, what}", _optional(_records(step=_count, what=_text))),
+    "timeline": ("a list of {code, severity, module, since, until, ended}",
+                 _optional(_records(code=_text, severity=_LEVEL, module=_text, since=_count,
+                                    until=_count, ended=_optional(_count)))),
+}
 _FAILURE = _records(step=_count, error=_text, traceback=_optional(_text))
 # A finding's fields: name -> check (absent ones take the default of `Finding`).
 _FINDING = {"code": _text, "message": _text, "fix": _text, "module": _text, "count": _count,
@@ -150,6 +184,10 @@ def _check_run(run: dict, f: _Folder) -> None:
     meta = run.setdefault("meta", {})
     if not isinstance(meta, dict):
         raise f.damaged("run.json", "has a meta that is not a JSON object")
+    for field, (what, check) in _META.items():
+        if field in meta and not check(meta[field]):
+            raise f.damaged("run.json", f"has meta {field} {brief(repr(meta[field]), 60)}, "
+                                        f"not {what}")
     if run.get("failure") is not None and not _FAILURE([run["failure"]]):
         raise f.damaged("run.json", "has a failure that is not {step, error, traceback}")
     if not isinstance(run.get("checkpoint"), (dict, type(None))):
