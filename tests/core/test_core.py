@@ -9,7 +9,8 @@ import pytest
 
 from diagkit.core import severity
 from diagkit.core.errors import DiagkitError, TargetError
-from diagkit.core.files import write_dir_atomic, write_json_atomic
+from diagkit.core.files import write_json_atomic
+from diagkit.core.swap import write_dir_atomic
 from diagkit.core.format import (brief, fmt_number, fmt_shape, human_bytes, spans,
                                  truncate_left)
 from diagkit.core.options import (CHECKS, DEFAULTS, DELTA_MODES, check_option,

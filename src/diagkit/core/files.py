@@ -3,7 +3,7 @@ what an output path is (a regular file is swapped in whole; a link is written th
 stream, a device or a FIFO is written into, never replaced); the modes the umask gives.
 
 Strict JSON (NaN and infinities as null) and the tables' parquet form live here too, so every
-writer of diagkit output shares them.
+writer of diagkit output shares them. Folders are swapped in by `swap`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import stat
 import sys
 import tempfile
@@ -203,17 +202,6 @@ def shared_mode(folder: bool) -> int:
     return (0o777 if folder else 0o666) & ~umask()
 
 
-def _replace_dir(tmp: Path, target: Path) -> None:
-    """Swap a fully written folder into place."""
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-        os.replace(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, target)
-
-
 def json_text(payload) -> str:
     """Strict JSON text (see `to_jsonable`), as every diagkit JSON file holds it."""
     return json.dumps(to_jsonable(payload), indent=2, allow_nan=False)
@@ -328,21 +316,3 @@ def _write_into(where: Path | int, text: str, newline: str | None, path: Path) -
             fh.write(text)
     except OSError as exc:
         raise DiagkitError(f"cannot write {path}: {reason(exc)}") from None
-
-
-def write_dir_atomic(target, write) -> Path:
-    """Fill a scratch folder beside `target` with `write(folder)`, then swap it into place.
-    Through a symbolic link, the folder it points to is replaced and the link stays. The
-    folder gets the mode the umask gives a new folder."""
-    given = Path(target)
-    target = real_path(given, str(given))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        os.chmod(tmp, shared_mode(folder=True))
-        write(tmp)
-        _replace_dir(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return given

@@ -16,9 +16,9 @@ import pandas as pd
 
 from . import severity
 from . import saved
-from .files import (check_replaceable_dir, json_text, records, to_jsonable, to_parquet,
-                    write_dir_atomic)
+from .files import check_replaceable_dir, json_text, records, to_jsonable, to_parquet
 from .format import human_bytes
+from .swap import write_dir_atomic
 
 _FORMAT_VERSION = saved.FORMAT_VERSION  # what a save writes; `saved` says what a load reads
 

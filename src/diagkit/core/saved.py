@@ -25,6 +25,7 @@ from .errors import DiagkitError
 from .files import from_parquet, reason
 from .format import brief
 from .schema import PARAMS_COLUMNS, STEPS_COLUMNS
+from .swap import recover
 
 FORMAT_VERSION = 1
 TRIES = 3  # reads of a folder that a save replaced while it was read
@@ -41,6 +42,7 @@ def read(folder: Path) -> dict:
     """The parts of the diagnosis saved in `folder`, checked: `run` (run.json: `meta`,
     `failure`, `checkpoint`), `params`, `steps`, `findings` (dicts), `advice`."""
     folder = Path(folder)
+    recover(folder)
     for attempt in range(TRIES):
         try:
             fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)

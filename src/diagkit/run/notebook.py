@@ -14,6 +14,7 @@ from ..core.errors import DiagkitError
 from ..core.files import write_json_atomic
 from ..core.format import one_line
 from ..core.options import check_try_fix_options
+from ..core.swap import recover
 from . import contract
 from .paths import resolve_paths
 from .printed import collected
@@ -95,6 +96,7 @@ def load_saved(path):
     then; anything else that goes wrong is said in one line too."""
     folder = Path(path)
     where = str(path) if folder.is_absolute() else f"{path} (from {Path.cwd()})"
+    recover(folder)  # a save killed between its renames: put right before looking
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
         raise DiagkitError(f"saved diagnosis {where} {what}")
