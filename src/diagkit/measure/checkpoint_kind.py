@@ -9,15 +9,22 @@
 - a `torch.distributed.checkpoint` folder: one with a `.metadata` file, or that file itself
   (`checkpoint_dcp`).
 
-Anything else (no such path, an empty folder, a folder that is none of these) is one line.
+Anything else (no such path, an empty folder, a folder that is none of these) is one line, and
+so is a path that is not a regular file or a folder (a FIFO, a device, a socket): refused from
+its `stat`, before anything opens it, since opening a FIFO blocks until a writer comes (forever)
+and a device such as /dev/zero reads without end. A path the system cannot look up (a symlink
+loop, a name too long, a component that is a file) is one line with the system's reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 from pathlib import Path
 
 from ..core.errors import DiagkitError
+from ..core.files import reason
 
 FILE, HF_SHARDED, DCP = "file", "hf_sharded", "dcp"
 
@@ -41,9 +48,7 @@ def is_index(path) -> bool:
 def locate(path) -> Located:
     """The kind of checkpoint at `path`, or a one-line `DiagkitError` saying why it is none."""
     given = Path(path)
-    if not given.exists():
-        raise DiagkitError(f"no such checkpoint file or folder: {path}")
-    if given.is_dir():
+    if stat.S_ISDIR(_stat(given, path).st_mode):
         return _locate_folder(given, path)
     if given.name == DCP_METADATA:
         return Located(DCP, given.parent)
@@ -52,19 +57,50 @@ def locate(path) -> Located:
     return Located(FILE, given)
 
 
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _stat(given: Path, path) -> os.stat_result:
+    """`given`'s stat (through symlinks), when it is a folder or a regular file; else the
+    one line that says what it is instead, or why the system could not look it up."""
+    try:
+        found = given.stat()
+    except FileNotFoundError:
+        raise DiagkitError(f"no such checkpoint file or folder: {path}") from None
+    except OSError as exc:  # ELOOP, ENAMETOOLONG, ENOTDIR, EACCES: the user's path, not a bug
+        raise DiagkitError(f"checkpoint {path}: {reason(exc)}") from None
+    if stat.S_ISDIR(found.st_mode) or stat.S_ISREG(found.st_mode):
+        return found
+    what = next((name for test, name in _SPECIAL if test(found.st_mode)), "a special file")
+    raise DiagkitError(f"checkpoint {path} is not a regular file ({what}): give a checkpoint "
+                       "file or folder")
+
+
+def _regular(path: Path) -> bool:
+    """A regular file (through symlinks); a FIFO, a device or a broken link is not."""
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
+
+
 def _locate_folder(folder: Path, path) -> Located:
-    if (folder / DCP_METADATA).is_file():
+    if _regular(folder / DCP_METADATA):
         return Located(DCP, folder)
-    names = sorted(p.name for p in folder.iterdir())
+    try:
+        names = sorted(p.name for p in folder.iterdir())
+    except OSError as exc:  # a folder this process may not list
+        raise DiagkitError(f"checkpoint folder {path}: {reason(exc)}") from None
     if not names:
         raise DiagkitError(f"checkpoint folder {path} is empty")
-    indexes = [n for n in names if is_index(n)]
+    indexes = [n for n in names if is_index(n) and _regular(folder / n)]
     if len(indexes) > 1:
         raise DiagkitError(f"checkpoint folder {path} holds {len(indexes)} shard indexes "
                            f"({', '.join(indexes)}): name the one to read")
     if indexes:
         return Located(HF_SHARDED, folder / indexes[0])
-    singles = [n for n in _HF_SINGLE if (folder / n).is_file()]
+    singles = [n for n in _HF_SINGLE if _regular(folder / n)]
     if len(singles) == 1:
         return Located(FILE, folder / singles[0])
     raise DiagkitError(

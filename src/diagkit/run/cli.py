@@ -19,8 +19,10 @@ from .check_outputs import check_outputs, unwritten_line
 from .cli_run import bounded as _bounded, import_timeout as _import_timeout
 from .cli_run import parse_target_args as _parse_target_args
 from .cli_run import precheck_target as _precheck_target
+from .cli_run import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+from .cli_run import report_exit as _report_exit
+from .deadline import TimedOut
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 # What only running a target uses (dest -> flag): refused with `report --from DIR`.
 _RUN_ONLY = {"arg": "--arg", "steps": "--steps", "delta": "--delta", "every": "--every",
              "checkpoint": "--checkpoint", "trust_checkpoint": "--trust-checkpoint",
@@ -66,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="allow files that need arbitrary unpickling (runs their code)")
     compare.add_argument("--fail-on", choices=severity.FAIL_ON, default=DEFAULTS["fail_on"],
                          help="exit 1 when a finding is at or above this severity")
+    compare.add_argument("--timeout", type=_option("timeout"), metavar="SECONDS",
+                         help="end the comparison (and its --out report) after this many "
+                              "seconds (default: none)")
 
     demo = sub.add_parser("demo", help="the report on the bundled demo targets")
     demo.add_argument("--out", metavar="DIR", default="out/demo", help="report folder")
@@ -127,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with signals.handled():  # SIGTERM cleans up as Ctrl-C does
             return _run(argv)
-    except DiagkitError as exc:
+    except (DiagkitError, TimedOut) as exc:  # TimedOut: --timeout outside a run's steps
         print(f"diagkit: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: every `finally` has run
@@ -156,8 +161,10 @@ def _run(argv) -> int:
     if args.command == "notebooks":
         from .shipped_notebooks import command
         return command(args)
-    return {"check": _check, "report": _report, "compare": _compare, "demo": _demo
-            }[args.command](args)
+    if args.command == "compare":
+        from .compare import command
+        return command(args)
+    return {"check": _check, "report": _report, "demo": _demo}[args.command](args)
 
 
 def _diagnose_target(args):
@@ -239,31 +246,6 @@ def _report_saved(args) -> int:
     return _report_exit(result, args.fail_on)
 
 
-def _compare(args) -> int:
-    check_output(args.json, "--json")
-    if args.out:
-        check_output(args.out, "--out")
-    from . import compare
-    result = compare.compare_checkpoints(args.checkpoint_a, args.checkpoint_b,
-                                         trust=args.trust_checkpoint)
-    from ..present.text import comparison_text
-    print(comparison_text(result))
-    if args.json:
-        from ..core.files import write_json_atomic
-        write_json_atomic(args.json, result.to_json_dict())
-    if args.out:
-        from .report import write_report
-        params = {"checkpoint_a": args.checkpoint_a, "checkpoint_b": args.checkpoint_b,
-                  "trust_checkpoint": args.trust_checkpoint}
-        report = write_report(args.out, {f"{args.checkpoint_a} vs {args.checkpoint_b}": params},
-                              title="diagkit: what changed between two checkpoints",
-                              notebook="compare_checkpoints.ipynb", check=compare.validate)
-        if report.error:
-            return _report_exit(report, "never")
-        print(f"diagkit: report written to {report.html.resolve()}")
-    return EXIT_FINDINGS if result.fails(args.fail_on) else EXIT_OK
-
-
 def _demo(args) -> int:
     check_output(args.out, "--out")
     from ..demos import DEMOS
@@ -274,21 +256,6 @@ def _demo(args) -> int:
         result = write_report(args.out, sections, show_code=args.show_code,
                               title="diagkit demo report")
     return _report_exit(result, "never")
-
-
-def _report_exit(result, fail_on: str) -> int:
-    if result.timed_out:
-        print(f"diagkit: error: {result.timed_out}; the report shows the steps completed "
-              f"before it: {result.html.resolve()}", file=sys.stderr)
-        return EXIT_USAGE
-    if result.error:
-        print(f"diagkit: error: report incomplete ({result.error}); what ran is in "
-              f"{result.html.resolve()}", file=sys.stderr)
-        return EXIT_USAGE
-    print(f"diagkit: report written to {result.html.resolve()}")
-    if severity.fails(result.worst, fail_on):
-        return EXIT_FINDINGS
-    return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

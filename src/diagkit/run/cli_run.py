@@ -1,13 +1,34 @@
 """Running a target from the command line: its `--arg K=V` pairs, the checks made before a
-kernel or a run starts, and the `--timeout` bound of a run in this process."""
+kernel or a run starts, and the `--timeout` bound of a run in this process; the exit codes and
+a report's exit."""
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import sys
 
+from ..core import severity
 from ..core.errors import DiagkitError
 from ..core.options import DEFAULTS
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+
+def report_exit(result, fail_on: str) -> int:
+    """The exit code of a rendered report (`report.ReportResult`), and its one line."""
+    if result.timed_out:
+        print(f"diagkit: error: {result.timed_out}; the report shows the steps completed "
+              f"before it: {result.html.resolve()}", file=sys.stderr)
+        return EXIT_USAGE
+    if result.error:
+        print(f"diagkit: error: report incomplete ({result.error}); what ran is in "
+              f"{result.html.resolve()}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"diagkit: report written to {result.html.resolve()}")
+    if severity.fails(result.worst, fail_on):
+        return EXIT_FINDINGS
+    return EXIT_OK
 
 
 def parse_target_args(pairs: list[str]) -> dict:

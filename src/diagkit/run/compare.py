@@ -1,5 +1,6 @@
-"""`diagkit compare CKPT_A CKPT_B` and the comparison notebook: measure two checkpoints against
-each other (`diagkit.measure.checkpoint_diff`), judge the differences, build a `Comparison`.
+"""`diagkit compare CKPT_A CKPT_B` (`command`) and the comparison notebook: measure two
+checkpoints against each other (`diagkit.measure.checkpoint_diff`), judge the differences,
+build a `Comparison`.
 
 A tensor that is bitwise identical in two saves taken some steps apart was not trained between
 them: the orphan of the first seed (`mem_tokens`, in no optimizer group) shows up here as plainly
@@ -11,12 +12,41 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..core.files import write_json_atomic, write_text_atomic
+from ..core.files import check_output, write_json_atomic, write_text_atomic
 from ..core.result import Comparison
 from ..judge.comparison import comparison_findings
 from ..measure.checkpoint_diff import diff_checkpoints
-from . import contract
+from . import contract, deadline
 from .paths import resolve_paths
+
+
+def command(args) -> int:
+    """`diagkit compare`: outputs checked first; `--timeout` bounds the comparison and its
+    report (`deadline.bound`: a checkpoint on a stalled mount, unpickling code that never
+    returns), its expiry one line and exit 2."""
+    from .cli_run import EXIT_FINDINGS, EXIT_OK, report_exit
+    check_output(args.json, "--json")
+    params = {"checkpoint_a": args.checkpoint_a, "checkpoint_b": args.checkpoint_b,
+              "trust_checkpoint": args.trust_checkpoint}
+    if args.out:
+        check_output(args.out, "--out")
+    with deadline.bound(args.timeout, "comparing"):
+        result = compare_checkpoints(args.checkpoint_a, args.checkpoint_b,
+                                     trust=args.trust_checkpoint)
+        from ..present.text import comparison_text
+        print(comparison_text(result))
+        if args.json:
+            write_json_atomic(args.json, result.to_json_dict())
+        if args.out:
+            from .report import write_report
+            report = write_report(args.out,
+                                  {f"{args.checkpoint_a} vs {args.checkpoint_b}": params},
+                                  title="diagkit: what changed between two checkpoints",
+                                  notebook="compare_checkpoints.ipynb", check=validate)
+            if report.error:
+                return report_exit(report, "never")
+            print(f"diagkit: report written to {report.html.resolve()}")
+    return EXIT_FINDINGS if result.fails(args.fail_on) else EXIT_OK
 
 
 def compare_checkpoints(path_a, path_b, trust: bool = False) -> Comparison:

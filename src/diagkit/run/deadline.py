@@ -7,7 +7,7 @@ the clock starts when a target begins to import (`mark("importing")` in `load_ta
 stops when its steps are done (`finish`). The loop says where it is (`mark(phase, step)`), so
 the one line at expiry names the step and the phase. The import the command line makes first,
 to check a target before it runs it, launches ranks or starts a kernel, is bounded on its own
-clock by the same `--timeout` (`bound_import`).
+clock by the same `--timeout` (`bound_import`), and so is `compare`'s work (`bound`).
 
 At expiry a watchdog thread sends SIGALRM to the main thread, whose handler raises `TimedOut`
 there: a Python-level wait in the user's code (sleep, a lock, a queue, a socket) is woken, the
@@ -28,7 +28,7 @@ import signal
 import sys
 import threading
 
-from ..core.errors import TargetError
+from ..core.errors import DiagkitError, TargetError
 from ..core.options import check_option
 
 ENV = "DIAGKIT_RUN_TIMEOUT"
@@ -41,6 +41,11 @@ _active: Deadline | None = None  # the run being timed in this process
 class TimedOut(BaseException):
     """Raised in the main thread at expiry. A BaseException: a user's `except Exception`
     around a step must not swallow it."""
+
+
+# What a phase outside the steps is doing, for the line at expiry.
+_DOING = {"importing": "importing the target", "building": "building the setup",
+          "comparing": "comparing the checkpoints"}
 
 
 class Deadline:
@@ -58,8 +63,7 @@ class Deadline:
 
     def message(self) -> str:
         where = (f"in step {self.step}, {self.phase}" if self.step is not None
-                 else "while importing the target" if self.phase == "importing"
-                 else "while building the setup")
+                 else f"while {_DOING.get(self.phase, 'building the setup')}")
         return f"{PREFIX} {self.seconds:g} s (--timeout) {where}"
 
     def _raise(self, _signum, _frame):
@@ -117,21 +121,29 @@ def bound_runs(seconds, on_hard_expiry=None):
         os.environ.pop(ENV) if before is None else os.environ.__setitem__(ENV, before)
 
 
-@contextlib.contextmanager
 def bound_import(seconds):
     """Bound by `seconds` (None: no bound) the import of a target that the command line
     makes to check it before it runs: a module that hangs at import (a lock, a server that
     never answers) would otherwise hang `diagkit` before any run's clock starts. Its expiry is
     one line (a TargetError naming the phase), as for a run."""
+    return bound(seconds, "importing", error=TargetError)
+
+
+@contextlib.contextmanager
+def bound(seconds, phase: str, error=DiagkitError):
+    """Bound by `seconds` (None: no bound) one piece of work the command line does itself,
+    outside a run (`phase`: a key of `_DOING`): `bound_import`, and `compare`, whose reads of
+    a checkpoint on a stalled network mount would otherwise never end. Its expiry is one line
+    naming the phase, an `error` (exit 2), as for a run's."""
     if seconds is None:
         yield
         return
     clock = Deadline(float(check_option("timeout", seconds, "--timeout")))
-    clock.phase = "importing"
+    clock.phase = phase
     try:
         yield
-    except TimedOut as exc:  # woken after the import's own handlers (or between them)
-        raise TargetError(str(exc)) from None
+    except TimedOut as exc:  # woken after the work's own handlers (or between them)
+        raise error(str(exc)) from None
     finally:
         clock.finish()
 

@@ -1,0 +1,145 @@
+"""Bad input the `diagkit` console script met in issue 36 (R11, R18), run as a subprocess: each
+is one line on stderr and exit 2, never a hang, a traceback or an "internal error".
+
+- R11: a FIFO given as a checkpoint (to `check --checkpoint` and to `compare`) blocked forever
+  in open(); `compare` had no `--timeout`; and a `--timeout` that expired outside a run's
+  steps (while a checkpoint loaded) ended in a raw traceback.
+- R18 (the checkpoint's path): a symlink loop or a 300-character name as a checkpoint was an
+  internal error, /dev/zero was called "no such file".
+
+Every process imports torch (seconds): the cases run concurrently from one module fixture.
+Each has a timeout, so a hang fails its case instead of blocking the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+DIAGKIT = Path(sys.executable).parent / "diagkit"
+HANG_S = 120  # far above any case's own time: reaching it means diagkit hung
+CLEAN = ["check", "diagkit.demos:clean", "--steps", "1"]
+
+
+class _Sleeps:
+    """Unpickled (with --trust-checkpoint only), it sleeps: a checkpoint whose code hangs."""
+
+    def __reduce__(self):
+        return time.sleep, (HANG_S * 2,)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad_input")
+    os.mkfifo(d / "fifo.pt")
+    (d / "loop_a.pt").symlink_to(d / "loop_b.pt")
+    (d / "loop_b.pt").symlink_to(d / "loop_a.pt")
+    torch.save({"x": _Sleeps()}, d / "sleeps.pt")
+    torch.save({"w": torch.arange(4.0)}, d / "plain.pt")
+    return d
+
+
+LONG = "n" * 300 + ".pt"
+CASES = {
+    # R11: a FIFO is refused before it is opened (it blocked forever)
+    "check_fifo": [*CLEAN, "--checkpoint", "fifo.pt"],
+    "compare_fifo": ["compare", "fifo.pt", "plain.pt"],
+    "report_fifo": ["report", "diagkit.demos:clean", "--checkpoint", "fifo.pt", "--out", "rep"],
+    # R11: --timeout in compare; its end and check's outside the steps are one line
+    "compare_timeout": ["compare", "sleeps.pt", "plain.pt", "--trust-checkpoint",
+                        "--timeout", "2"],
+    # bound far above building the demo (under load too), far below the unpickler's sleep:
+    # it expires in the checkpoint's loading, outside the steps (the raw traceback)
+    "check_timeout_loading": [*CLEAN, "--checkpoint", "sleeps.pt", "--trust-checkpoint",
+                              "--timeout", "20"],
+    "compare_timeout_0": ["compare", "plain.pt", "plain.pt", "--timeout", "0"],
+    # R18: paths the system cannot look up, and a device
+    "check_loop": [*CLEAN, "--checkpoint", "loop_a.pt"],
+    "compare_loop": ["compare", "loop_a.pt", "plain.pt"],
+    "check_long_name": [*CLEAN, "--checkpoint", LONG],
+    "check_dev_zero": [*CLEAN, "--checkpoint", "/dev/zero"],  # stat only: never opened
+    "compare_dev_zero": ["compare", "/dev/zero", "plain.pt"],
+    "check_under_a_file": [*CLEAN, "--checkpoint", "plain.pt/inner.pt"],
+}
+
+def _run(args, cwd, env_extra=None) -> subprocess.CompletedProcess | str:
+    """The finished process, or (killed after HANG_S) the line saying it hung: each case
+    fails on its own, not the fixture."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DIAGKIT_DEBUG",
+                                                           "PYTHONIOENCODING")}
+    env.update(env_extra or {})
+    try:
+        return subprocess.run([str(DIAGKIT), *map(str, args)], cwd=cwd, env=env,
+                              capture_output=True, timeout=HANG_S)
+    except subprocess.TimeoutExpired:
+        return f"diagkit {' '.join(map(str, args))} hung for {HANG_S} s"
+
+
+@pytest.fixture(scope="module")
+def runs(work):
+    jobs = {name: (args, None) for name, args in CASES.items()}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {name: pool.submit(_run, args, work, env)
+                   for name, (args, env) in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def _finished(proc) -> subprocess.CompletedProcess:
+    if isinstance(proc, str):
+        pytest.fail(proc)
+    return proc
+
+
+def _one_line_error(proc) -> str:
+    proc = _finished(proc)
+    out, err = (proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
+    assert proc.returncode == 2, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err + out and "internal error" not in err, err[-2000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("diagkit: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("case, words", [
+    ("check_fifo", ["fifo.pt is not a regular file (a FIFO)"]),
+    ("compare_fifo", ["fifo.pt is not a regular file (a FIFO)"]),
+    ("report_fifo", ["fifo.pt is not a regular file (a FIFO)"]),
+    ("compare_timeout", ["timed out after 2 s (--timeout) while comparing the checkpoints"]),
+    ("check_timeout_loading", ["timed out after 20 s (--timeout)"]),
+    ("compare_timeout_0", ["--timeout", "must be a positive int", "got 0"]),
+    ("check_loop", ["checkpoint loop_a.pt: symbolic link loop"]),
+    ("compare_loop", ["checkpoint loop_a.pt: symbolic link loop"]),
+    ("check_long_name", [f"checkpoint {LONG}: File name too long"]),
+    ("check_dev_zero", ["/dev/zero is not a regular file (a character device)"]),
+    ("compare_dev_zero", ["/dev/zero is not a regular file (a character device)"]),
+    ("check_under_a_file", ["plain.pt/inner.pt: Not a directory"]),
+])
+def test_bad_input_is_one_line_naming_it_and_exit_2(runs, case, words):
+    line = _one_line_error(runs[case])
+    for word in words:
+        assert word in line, (word, line)
+    assert "no such" not in line  # each of these exists, or is a timeout
+
+
+def test_a_refused_report_writes_nothing(runs, work):
+    for case in ("report_fifo",):
+        _one_line_error(runs[case])
+    assert not [p.name for p in work.iterdir() if p.name.startswith(("rep", ".rep"))]
+
+
+def test_compare_timeout_help_is_the_option_of_check():
+    """`compare --timeout` takes check's option (core/options.py's check: seconds below 1e9),
+    and `diagkit compare --help` lists it."""
+    done = subprocess.run([str(DIAGKIT), "compare", "--help"], capture_output=True, text=True,
+                          timeout=HANG_S)
+    assert done.returncode == 0 and "--timeout SECONDS" in done.stdout
+    huge = subprocess.run([str(DIAGKIT), "compare", "a.pt", "b.pt", "--timeout",
+                           "99999999999999"], capture_output=True, text=True, timeout=HANG_S)
+    assert huge.returncode == 2 and "below 1e9" in huge.stderr, huge.stderr
