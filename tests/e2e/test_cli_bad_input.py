@@ -4,8 +4,9 @@ is one line on stderr and exit 2, never a hang, a traceback or an "internal erro
 - R11: a FIFO given as a checkpoint (to `check --checkpoint` and to `compare`) blocked forever
   in open(); `compare` had no `--timeout`; and a `--timeout` that expired outside a run's
   steps (while a checkpoint loaded) ended in a raw traceback.
-- R18 (the checkpoint's path): a symlink loop or a 300-character name as a checkpoint was an
-  internal error, /dev/zero was called "no such file".
+- R18: a symlink loop or a 300-character name as a checkpoint, /dev/zero called "no such file",
+  and a console that cannot encode "→" or "—" (PYTHONIOENCODING=ascii) ended in a
+  UnicodeEncodeError.
 
 Every process imports torch (seconds): the cases run concurrently from one module fixture.
 Each has a timeout, so a hang fails its case instead of blocking the suite.
@@ -25,6 +26,8 @@ import torch
 
 DIAGKIT = Path(sys.executable).parent / "diagkit"
 HANG_S = 120  # far above any case's own time: reaching it means diagkit hung
+REPO = Path(__file__).resolve().parents[2]
+STEP2, STEP5 = REPO / "data" / "meta_memory_step2.pt", REPO / "data" / "meta_memory_step5.pt"
 CLEAN = ["check", "diagkit.demos:clean", "--steps", "1"]
 
 
@@ -41,6 +44,8 @@ def work(tmp_path_factory):
     os.mkfifo(d / "fifo.pt")
     (d / "loop_a.pt").symlink_to(d / "loop_b.pt")
     (d / "loop_b.pt").symlink_to(d / "loop_a.pt")
+    (d / "loop_a.py").symlink_to(d / "loop_b.py")
+    (d / "loop_b.py").symlink_to(d / "loop_a.py")
     torch.save({"x": _Sleeps()}, d / "sleeps.pt")
     torch.save({"w": torch.arange(4.0)}, d / "plain.pt")
     return d
@@ -67,7 +72,18 @@ CASES = {
     "check_dev_zero": [*CLEAN, "--checkpoint", "/dev/zero"],  # stat only: never opened
     "compare_dev_zero": ["compare", "/dev/zero", "plain.pt"],
     "check_under_a_file": [*CLEAN, "--checkpoint", "plain.pt/inner.pt"],
+    # R18: the other paths the command line reads: a target file, --from, notebooks DIR
+    "target_loop": ["check", "loop_a.py:build", "--steps", "1"],
+    "target_long_name": ["check", "n" * 300 + ".py:build", "--steps", "1"],
+    "from_loop": ["report", "--from", "loop_a.pt", "--out", "rep_from"],
+    "from_long_name": ["report", "--from", "n" * 300, "--out", "rep_from"],
+    "notebooks_long_name": ["notebooks", "n" * 300],
 }
+ASCII_CASES = {  # PYTHONIOENCODING=ascii: the output degrades to ASCII, nothing crashes
+    "ascii_compare": ["compare", STEP2, STEP5, "--fail-on", "warning"],
+    "ascii_check": ["check", "diagkit.demos:meta_memory", "--steps", "2"],
+}
+
 
 def _run(args, cwd, env_extra=None) -> subprocess.CompletedProcess | str:
     """The finished process, or (killed after HANG_S) the line saying it hung: each case
@@ -84,7 +100,8 @@ def _run(args, cwd, env_extra=None) -> subprocess.CompletedProcess | str:
 
 @pytest.fixture(scope="module")
 def runs(work):
-    jobs = {name: (args, None) for name, args in CASES.items()}
+    jobs = {**{name: (args, None) for name, args in CASES.items()},
+            **{name: (args, {"PYTHONIOENCODING": "ascii"}) for name, args in ASCII_CASES.items()}}
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {name: pool.submit(_run, args, work, env)
                    for name, (args, env) in jobs.items()}
@@ -120,6 +137,11 @@ def _one_line_error(proc) -> str:
     ("check_dev_zero", ["/dev/zero is not a regular file (a character device)"]),
     ("compare_dev_zero", ["/dev/zero is not a regular file (a character device)"]),
     ("check_under_a_file", ["plain.pt/inner.pt: Not a directory"]),
+    ("target_loop", ["target file loop_a.py: symbolic link loop"]),
+    ("target_long_name", ["target file nnn", "File name too long"]),
+    ("from_loop", ["--from loop_a.pt: symbolic link loop"]),
+    ("from_long_name", ["--from nnn", "File name too long"]),
+    ("notebooks_long_name", ["notebooks folder nnn", "File name too long"]),
 ])
 def test_bad_input_is_one_line_naming_it_and_exit_2(runs, case, words):
     line = _one_line_error(runs[case])
@@ -129,9 +151,24 @@ def test_bad_input_is_one_line_naming_it_and_exit_2(runs, case, words):
 
 
 def test_a_refused_report_writes_nothing(runs, work):
-    for case in ("report_fifo",):
+    for case in ("report_fifo", "from_loop"):
         _one_line_error(runs[case])
     assert not [p.name for p in work.iterdir() if p.name.startswith(("rep", ".rep"))]
+
+
+@pytest.mark.parametrize("case, code, ascii_words", [
+    ("ascii_compare", 1, ["--", "->"]),  # "—" and "→" of the comparison's lines
+    ("ascii_check", 1, ["->"]),  # the findings' "→"
+])
+def test_an_ascii_console_gets_ascii_output_not_a_crash(runs, case, code, ascii_words):
+    proc = _finished(runs[case])
+    err = proc.stderr.decode("ascii", "replace")
+    assert proc.returncode == code, err[-2000:]
+    assert "internal error" not in err and "Traceback" not in err
+    out = proc.stdout.decode("ascii")  # strict: everything printed is ASCII
+    assert "unchanged" in out or "orphan" in out
+    for word in ascii_words:
+        assert word in out
 
 
 def test_compare_timeout_help_is_the_option_of_check():

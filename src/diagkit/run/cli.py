@@ -20,8 +20,9 @@ from .cli_run import bounded as _bounded, import_timeout as _import_timeout
 from .cli_run import parse_target_args as _parse_target_args
 from .cli_run import precheck_target as _precheck_target
 from .cli_run import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
-from .cli_run import report_exit as _report_exit
+from .cli_run import report_exit as _report_exit, safe_console as _safe_console
 from .deadline import TimedOut
+from .paths import check_lookup
 
 # What only running a target uses (dest -> flag): refused with `report --from DIR`.
 _RUN_ONLY = {"arg": "--arg", "steps": "--steps", "delta": "--delta", "every": "--every",
@@ -129,6 +130,7 @@ def _option(name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    _safe_console()  # a console that cannot show "→" gets "->", not a UnicodeEncodeError
     try:
         with signals.handled():  # SIGTERM cleans up as Ctrl-C does
             return _run(argv)
@@ -159,6 +161,7 @@ def _run(argv) -> int:
         raise DiagkitError("missing command: use 'diagkit check TARGET' or 'diagkit demo' "
                            "(see 'diagkit --help')")
     if args.command == "notebooks":
+        check_lookup(args.dir, "notebooks folder")
         from .shipped_notebooks import command
         return command(args)
     if args.command == "compare":
@@ -234,6 +237,7 @@ def _report_saved(args) -> int:
     if given:
         raise DiagkitError(f"{', '.join(given)}: only for running a TARGET; --from renders "
                            "the saved diagnosis as it was run")
+    check_lookup(args.saved, "--from")
     check_output(args.out, "--out")
     saved, out = Path(args.saved), Path(args.out)
     if saved.exists() and out.exists() and os.path.samefile(saved, out):

@@ -1,10 +1,11 @@
 """Running a target from the command line: its `--arg K=V` pairs, the checks made before a
-kernel or a run starts, and the `--timeout` bound of a run in this process; the exit codes and
-a report's exit."""
+kernel or a run starts, and the `--timeout` bound of a run in this process; the exit codes, a
+report's exit, and a console that any text can be printed to."""
 
 from __future__ import annotations
 
 import ast
+import codecs
 import contextlib
 import sys
 
@@ -13,6 +14,35 @@ from ..core.errors import DiagkitError
 from ..core.options import DEFAULTS
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+# What the printed text uses beyond ASCII, as a console that cannot show it reads it best.
+_ASCII = {"→": "->", "←": "<-", "≤": "<=", "≥": ">=", "≠": "!=", "≈": "~", "±": "+-",
+          "×": "x", "−": "-", "‖": "||", "Δ": "delta", "·": "-", "—": "--", "–": "-",
+          "…": "...", "‘": "'", "’": "'", "“": '"', "”": '"', "•": "*", "✓": "v", "✗": "x"}
+_FALLBACK = "diagkit-ascii"
+
+
+def _fallback(exc: UnicodeError):
+    """The codec error handler of `safe_console`: each character the console's encoding
+    cannot show as its ASCII spelling, else escaped (`\\u2192`, a file name's stray byte
+    `\\udcff`): the text stays readable, and nothing is lost or raises."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    text = exc.object[exc.start:exc.end]
+    return "".join(_ASCII.get(ch) or ch.encode("ascii", "backslashreplace").decode("ascii")
+                   for ch in text), exc.end
+
+
+def safe_console() -> None:
+    """stdout and stderr print any text: under `PYTHONIOENCODING=ascii` or a Latin-1 locale,
+    the findings' "→" and "≤" would end the command in a UnicodeEncodeError (an "internal
+    error", the output lost); a checkpoint name that is not UTF-8 (kept as surrogates) would
+    do it even on a UTF-8 console. Each such character is spelled in ASCII instead; text the
+    console can show is unchanged."""
+    codecs.register_error(_FALLBACK, _fallback)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # replaced, or closed
+            stream.reconfigure(errors=_FALLBACK)
 
 
 def report_exit(result, fail_on: str) -> int:
@@ -69,7 +99,11 @@ def precheck_target(spec: str, kwargs: dict, checkpoint: str | None,
     """Fail in one line before a kernel starts: the target must import and accept its args.
     `timeout`: the import's bound (`import_timeout`; a target that hangs at import is one line
     naming the phase, exit 2)."""
-    from .target_spec import check_findable
+    from .paths import check_lookup
+    from .target_spec import check_findable, split_spec
+    where, _ = split_spec(spec)
+    if where.endswith(".py"):
+        check_lookup(where, "target file")  # a link loop, a name too long: the user's to fix
     check_findable(spec)  # a typo: one line before torch is imported
     from . import deadline
     from .target import check_kwargs, resolve_target

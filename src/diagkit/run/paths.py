@@ -14,6 +14,9 @@ A relative input path (a checkpoint, a saved diagnosis) is looked up, in order:
 
 The first that exists wins; none is a one-line error naming where it looked. A relative output
 folder is relative to the launch folder. docs/workbook.md, "Paths".
+
+A path the system cannot look up at all (a symbolic link loop, a name longer than the file
+system takes) is one line naming it and why, before anything reads it (`check_lookup`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 from pathlib import Path
 
 from ..core.errors import DiagkitError
+from ..core.files import reason
 from ..core.shipped import shipped
 
 LAUNCH_ENV = "DIAGKIT_LAUNCH_DIR"
@@ -99,3 +103,17 @@ def resolve_paths(settings: dict, inputs: dict[str, str]) -> dict:
     if settings.get("out_dir"):
         settings["out_dir"] = output_folder(settings["out_dir"])
     return settings
+
+
+def check_lookup(path, label: str) -> None:
+    """One line naming `path` (given as `label`: "--from", "target file") and the system's
+    reason, when the system cannot look it up: a symbolic link loop, a name too long, a folder
+    this process may not search. pathlib cannot say it: `exists()` is False for a loop (so a
+    loop was "does not exist") and raises OSError for a name too long (an "internal error").
+    A path with nothing there is left to the reader, whose one line says what was expected."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as exc:
+        raise DiagkitError(f"{label} {path}: {reason(exc)}") from None
