@@ -6,7 +6,7 @@ is one line on stderr and exit 2, never a hang, a traceback or an "internal erro
   steps (while a checkpoint loaded) ended in a raw traceback.
 - R18: a symlink loop or a 300-character name as a checkpoint, /dev/zero called "no such file",
   and a console that cannot encode "→" or "—" (PYTHONIOENCODING=ascii) ended in a
-  UnicodeEncodeError.
+  UnicodeEncodeError. A checkpoint whose file name is not UTF-8 was called unreadable.
 
 Every process imports torch (seconds): the cases run concurrently from one module fixture.
 Each has a timeout, so a hang fails its case instead of blocking the suite.
@@ -15,6 +15,7 @@ Each has a timeout, so a hang fails its case instead of blocking the suite.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -48,10 +49,12 @@ def work(tmp_path_factory):
     (d / "loop_b.py").symlink_to(d / "loop_a.py")
     torch.save({"x": _Sleeps()}, d / "sleeps.pt")
     torch.save({"w": torch.arange(4.0)}, d / "plain.pt")
+    shutil.copy(d / "plain.pt", d / os.fsdecode(b"poids-\xe9t\xe9.pt"))  # Latin-1 bytes
     return d
 
 
 LONG = "n" * 300 + ".pt"
+NOT_UTF8 = os.fsdecode(b"poids-\xe9t\xe9.pt")
 CASES = {
     # R11: a FIFO is refused before it is opened (it blocked forever)
     "check_fifo": [*CLEAN, "--checkpoint", "fifo.pt"],
@@ -78,6 +81,8 @@ CASES = {
     "from_loop": ["report", "--from", "loop_a.pt", "--out", "rep_from"],
     "from_long_name": ["report", "--from", "n" * 300, "--out", "rep_from"],
     "notebooks_long_name": ["notebooks", "n" * 300],
+    # a name that is not UTF-8 cannot go into a report's notebook (papermill wrote it empty)
+    "not_utf8_report": ["compare", NOT_UTF8, "plain.pt", "--out", "rep_utf8"],
 }
 ASCII_CASES = {  # PYTHONIOENCODING=ascii: the output degrades to ASCII, nothing crashes
     "ascii_compare": ["compare", STEP2, STEP5, "--fail-on", "warning"],
@@ -101,7 +106,8 @@ def _run(args, cwd, env_extra=None) -> subprocess.CompletedProcess | str:
 @pytest.fixture(scope="module")
 def runs(work):
     jobs = {**{name: (args, None) for name, args in CASES.items()},
-            **{name: (args, {"PYTHONIOENCODING": "ascii"}) for name, args in ASCII_CASES.items()}}
+            **{name: (args, {"PYTHONIOENCODING": "ascii"}) for name, args in ASCII_CASES.items()},
+            "not_utf8_name": (["compare", NOT_UTF8, "plain.pt"], None)}
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {name: pool.submit(_run, args, work, env)
                    for name, (args, env) in jobs.items()}
@@ -142,6 +148,7 @@ def _one_line_error(proc) -> str:
     ("from_loop", ["--from loop_a.pt: symbolic link loop"]),
     ("from_long_name", ["--from nnn", "File name too long"]),
     ("notebooks_long_name", ["notebooks folder nnn", "File name too long"]),
+    ("not_utf8_report", ["is not UTF-8 text", "rename it"]),
 ])
 def test_bad_input_is_one_line_naming_it_and_exit_2(runs, case, words):
     line = _one_line_error(runs[case])
@@ -151,7 +158,7 @@ def test_bad_input_is_one_line_naming_it_and_exit_2(runs, case, words):
 
 
 def test_a_refused_report_writes_nothing(runs, work):
-    for case in ("report_fifo", "from_loop"):
+    for case in ("report_fifo", "from_loop", "not_utf8_report"):
         _one_line_error(runs[case])
     assert not [p.name for p in work.iterdir() if p.name.startswith(("rep", ".rep"))]
 
@@ -169,6 +176,15 @@ def test_an_ascii_console_gets_ascii_output_not_a_crash(runs, case, code, ascii_
     assert "unchanged" in out or "orphan" in out
     for word in ascii_words:
         assert word in out
+
+
+def test_a_checkpoint_name_that_is_not_utf8_is_read_and_printed(runs):
+    """Its bytes reach Python as surrogates: torch's reader could not take the name, and
+    printing it raised even on a UTF-8 console."""
+    proc = _finished(runs["not_utf8_name"])
+    assert proc.returncode == 0, proc.stderr.decode("utf-8", "replace")[-2000:]
+    out = proc.stdout.decode("utf-8")
+    assert "nothing_changed" in out and "poids-" in out
 
 
 def test_compare_timeout_help_is_the_option_of_check():

@@ -2,7 +2,8 @@
 R11 and R18): a FIFO, a device or a socket is refused from its stat, before anything opens it
 (opening a FIFO blocks until a writer comes: forever); a path the system cannot look up (a
 symlink loop, a name too long, a file used as a folder) is one line with the system's reason,
-a DiagkitError, never an OSError that the command line calls an internal error.
+a DiagkitError, never an OSError that the command line calls an internal error. And a
+checkpoint whose file name is not UTF-8 is read, not called unreadable.
 
 Each `locate` runs on a thread joined with a timeout, so a regression that opens a FIFO fails
 the test instead of hanging the suite.
@@ -19,6 +20,7 @@ import torch
 
 from diagkit.core.errors import DiagkitError
 from diagkit.measure.checkpoint_kind import FILE, locate
+from diagkit.measure.checkpoint_read import read_checkpoint
 
 BOUND_S = 20
 
@@ -108,3 +110,15 @@ def test_a_regular_file_is_still_a_file(tmp_path):
     torch.save({"w": torch.ones(2)}, tmp_path / "ok.pt")
     assert _located(tmp_path / "ok.pt")["value"].kind == FILE
 
+
+def test_a_checkpoint_whose_name_is_not_utf8_is_read(tmp_path):
+    """Python keeps a name's non-UTF-8 bytes as surrogates; torch's reader takes UTF-8 names
+    only ("surrogates not allowed"), so the file used to be called unreadable."""
+    name = tmp_path / os.fsdecode(b"caf\xe9.pt")  # Latin-1 bytes, as another locale saved it
+    try:
+        torch.save({"w": torch.arange(3.0)}, tmp_path / "plain.pt")
+        os.rename(tmp_path / "plain.pt", name)
+    except (OSError, UnicodeError):  # pragma: no cover - a file system that refuses the bytes
+        pytest.skip("this file system does not take non-UTF-8 names")
+    assert locate(name).kind == FILE
+    assert torch.equal(read_checkpoint(name)["w"], torch.arange(3.0))

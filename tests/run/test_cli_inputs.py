@@ -1,7 +1,7 @@
 """The command line's own pieces for bad input (issue 36, R11 and R18), in this process: the
-console that any text can be printed to, the lookup of a path the user typed, and the line a
-`compare --timeout` ends with. The console script itself meets the bad input in
-tests/e2e/test_cli_bad_input.py."""
+console that any text can be printed to, the report parameters a notebook cannot hold, the
+lookup of a path the user typed, and the line a `compare --timeout` ends with. The console
+script itself meets the bad input in tests/e2e/test_cli_bad_input.py."""
 
 from __future__ import annotations
 
@@ -44,6 +44,14 @@ def test_a_file_name_that_is_not_utf8_prints_on_a_utf8_console(monkeypatch):
     cli_run.safe_console()
     print(os.fsdecode(b"poids-\xe9.pt"), "→", file=out)
     assert out.buffer.getvalue().decode("utf-8") == "poids-\\udce9.pt →\n"
+
+
+def test_report_parameters_must_be_utf8_text():
+    cli_run.check_notebook_text({"checkpoint": "données.pt", "steps": 3, "args": {"k": "v"}})
+    with pytest.raises(DiagkitError, match=r"checkpoint_a 'poids-\\udce9.pt' is not UTF-8"):
+        cli_run.check_notebook_text({"checkpoint_a": os.fsdecode(b"poids-\xe9.pt")})
+    with pytest.raises(DiagkitError, match="target_args"):
+        cli_run.check_notebook_text({"target_args": {"path": os.fsdecode(b"\xff")}})
 
 
 @pytest.mark.parametrize("case, reason", [

@@ -4,6 +4,8 @@ Bad files end in a one-line `DiagkitError`, never a traceback from the unpickler
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
 import re
 import warnings
@@ -46,17 +48,48 @@ def read_checkpoint(path, trust: bool = False):
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols: not the user's news
             warnings.simplefilter("ignore")
-            try:
-                return torch.load(file, map_location="cpu", weights_only=not trust, mmap=True)
-            except RuntimeError as exc:
-                if "mmap" not in str(exc):
-                    raise
-                return torch.load(file, map_location="cpu", weights_only=not trust)
+            return _torch_load(file, trust)
     except pickle.UnpicklingError as exc:
         raise unpickling_error(path, str(exc)) from None
     except Exception as exc:  # truncated zip, not a checkpoint at all, ...
         raise DiagkitError(f"checkpoint {path} is not a readable PyTorch file: "
                            f"{type(exc).__name__}: {brief(exc)}") from None
+
+
+def _torch_load(file: Path, trust: bool):
+    """torch.load, memory-mapped where the format allows."""
+    with openable_name(file) as name:
+        try:
+            return torch.load(name, map_location="cpu", weights_only=not trust, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            return torch.load(name, map_location="cpu", weights_only=not trust)
+
+
+@contextlib.contextmanager
+def openable_name(path):
+    """A name of the file `path` that torch's and safetensors' readers can open. They take
+    UTF-8 names only, and a name saved under another locale reaches Python with its bytes kept
+    as surrogates ("surrogates not allowed", "not valid UTF-8": a good file called unreadable).
+    Such a file is opened here and named by its descriptor, /proc/self/fd/N (Linux), for as
+    long as the reader opens it; where there is no /proc, one line asks for a UTF-8 name."""
+    name = str(path)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    else:
+        yield name
+        return
+    if not os.path.isdir("/proc/self/fd"):
+        raise DiagkitError(f"checkpoint {path}: its file name is not UTF-8, which the "
+                           "checkpoint readers cannot open; rename it")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
 
 
 def unpickling_error(path, text: str) -> DiagkitError:
@@ -77,7 +110,10 @@ def unpickling_error(path, text: str) -> DiagkitError:
 def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
     try:
         from safetensors.torch import load_file
-        return load_file(str(file), device="cpu")
+        with openable_name(file) as name:
+            return load_file(name, device="cpu")
+    except DiagkitError:
+        raise
     except Exception as exc:
         raise DiagkitError(f"checkpoint {file} is not a readable safetensors file: "
                            f"{type(exc).__name__}: {brief(exc)}") from None

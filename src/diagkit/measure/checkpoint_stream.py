@@ -17,7 +17,8 @@ import torch
 
 from ..core.errors import DiagkitError
 from ..core.format import brief
-from .checkpoint_read import find_optimizer_state, find_state_dict, read_checkpoint
+from .checkpoint_read import find_optimizer_state, find_state_dict, openable_name
+from .checkpoint_read import read_checkpoint
 
 
 def _libc():
@@ -131,12 +132,13 @@ class _SafetensorsFile:
         file = Path(path)
         if not file.is_file() or file.stat().st_size == 0:
             read_checkpoint(path)  # raises its one-line error for a missing or empty file
-        try:
-            self.handle = safe_open(str(path), framework="pt")
-            self._keys = list(self.handle.keys())
-        except Exception as exc:
-            raise DiagkitError(f"checkpoint {path} is not a readable safetensors file: "
-                               f"{type(exc).__name__}: {brief(exc)}") from None
+        with openable_name(path) as name:  # a name that is not UTF-8: by its descriptor
+            try:
+                self.handle = safe_open(name, framework="pt")
+                self._keys = list(self.handle.keys())
+            except Exception as exc:
+                raise DiagkitError(f"checkpoint {path} is not a readable safetensors file: "
+                                   f"{type(exc).__name__}: {brief(exc)}") from None
         if not self._keys:
             raise DiagkitError(f"checkpoint {path} holds no tensors")
         self._types = _TYPES

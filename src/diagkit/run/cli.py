@@ -20,6 +20,7 @@ from .cli_run import bounded as _bounded, import_timeout as _import_timeout
 from .cli_run import parse_target_args as _parse_target_args
 from .cli_run import precheck_target as _precheck_target
 from .cli_run import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
+from .cli_run import check_notebook_text as _check_notebook_text
 from .cli_run import report_exit as _report_exit, safe_console as _safe_console
 from .deadline import TimedOut
 from .paths import check_lookup
@@ -221,6 +222,7 @@ def _report(args) -> int:
     params.update({name: getattr(args, name) for name in ("steps", "nproc", "timeout", "delta",
                                                           "every", "meta", "try_fix")
                    if getattr(args, name) is not None})
+    _check_notebook_text(params)
     from .report import write_report
     with _bounded(args):
         result = write_report(args.out, {args.target: params}, show_code=args.show_code,

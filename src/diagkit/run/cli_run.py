@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import codecs
 import contextlib
+import json
 import sys
 
 from ..core import severity
@@ -43,6 +44,20 @@ def safe_console() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, ValueError, OSError):  # replaced, or closed
             stream.reconfigure(errors=_FALLBACK)
+
+
+def check_notebook_text(params: dict) -> None:
+    """A report's parameters are written into its notebook, which is UTF-8 text: a value that
+    is not (a path whose name was saved under another locale: Python keeps its bytes as
+    surrogates) cannot be, and papermill wrote an empty notebook that ended the command as an
+    "internal error". Refused in one line, before a kernel starts."""
+    for name, value in params.items():
+        try:
+            json.dumps(value, ensure_ascii=False, default=str).encode("utf-8")
+        except UnicodeEncodeError:
+            raise DiagkitError(f"{name} {value!r} is not UTF-8 text, which a report's "
+                               "notebook must hold: rename it (or run check / compare "
+                               "without --out)") from None
 
 
 def report_exit(result, fail_on: str) -> int:

@@ -24,12 +24,13 @@ def command(args) -> int:
     """`diagkit compare`: outputs checked first; `--timeout` bounds the comparison and its
     report (`deadline.bound`: a checkpoint on a stalled mount, unpickling code that never
     returns), its expiry one line and exit 2."""
-    from .cli_run import EXIT_FINDINGS, EXIT_OK, report_exit
+    from .cli_run import EXIT_FINDINGS, EXIT_OK, check_notebook_text, report_exit
     check_output(args.json, "--json")
     params = {"checkpoint_a": args.checkpoint_a, "checkpoint_b": args.checkpoint_b,
               "trust_checkpoint": args.trust_checkpoint}
     if args.out:
         check_output(args.out, "--out")
+        check_notebook_text(params)
     with deadline.bound(args.timeout, "comparing"):
         result = compare_checkpoints(args.checkpoint_a, args.checkpoint_b,
                                      trust=args.trust_checkpoint)
