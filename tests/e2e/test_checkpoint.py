@@ -15,6 +15,7 @@ from diagkit import DiagkitError
 from diagkit.run.api import run_target
 from diagkit.judge.checkpoint_audit import audit, load_findings
 from diagkit.measure.checkpoint_load import load_checkpoint
+from cli_inprocess import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 PRETRAIN = ROOT / "data" / "finetune_heads_pretrain.pt"
@@ -151,10 +152,12 @@ def test_bad_files_are_one_line_errors(tmp_path, case):
         assert word in str(info.value)
 
 
+class Payload:
+    """Any class: a weights-only load refuses every object it would have to import."""
+
+
 def test_a_pickle_needing_code_is_refused_naming_the_flag(tmp_path):
-    (tmp_path / "evil.py").write_text("class Payload:\n    pass\n")
-    subprocess.run([sys.executable, "-c", "import torch, evil; "
-                    "torch.save({'x': evil.Payload()}, 'evil.pt')"], cwd=tmp_path, check=True)
+    torch.save({"x": Payload()}, tmp_path / "evil.pt")
     with pytest.raises(DiagkitError) as info:
         load_checkpoint(net(), tmp_path / "evil.pt")
     assert "--trust-checkpoint" in str(info.value) and "refused" in str(info.value)
@@ -172,13 +175,15 @@ def test_another_architecture_is_an_error(tmp_path):
 
 
 def test_cli_shows_the_load_report_and_refuses_bad_files(tmp_path):
-    run = subprocess.run([DIAGKIT, "check", "diagkit.demos:finetune_heads", "--checkpoint",
-                          str(PRETRAIN), "--steps", "2"], capture_output=True, text=True)
+    # The first run in this process (tests/cli_inprocess.py); the second is the real console
+    # script, in a subprocess.
+    run = run_cli("check", "diagkit.demos:finetune_heads", "--checkpoint", PRETRAIN,
+                  "--steps", "2")
     assert run.returncode == 0, run.stderr
     assert "19 tensors loaded" in run.stdout and "dead_weight_in_checkpoint" in run.stdout
     torch.save({"x.weight": torch.zeros(3)}, tmp_path / "other.pt")
     run = subprocess.run([DIAGKIT, "check", "diagkit.demos:finetune_heads", "--checkpoint",
                           str(tmp_path / "other.pt"), "--json", str(tmp_path / "o.json")],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
     assert "matches none" in run.stderr and not (tmp_path / "o.json").exists()

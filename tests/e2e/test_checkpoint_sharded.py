@@ -25,6 +25,7 @@ from diagkit.measure import checkpoint_dcp, checkpoint_shards
 from diagkit.measure.checkpoint_kind import DCP, FILE, HF_SHARDED, locate
 from diagkit.measure.checkpoint_load import load_checkpoint
 from diagkit.run.compare import compare_checkpoints
+from cli_inprocess import run_cli
 from jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,8 +89,10 @@ def same_report(a, b) -> bool:
 
 
 def cli(*args, cwd=None):
-    return subprocess.run([DIAGKIT, *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+    """The command line in this process (tests/cli_inprocess.py): only what it prints, writes
+    and exits with is checked here. The console script itself runs as a subprocess in
+    test_compare_cli_refuses_a_folder_that_is_no_checkpoint."""
+    return run_cli(*args, cwd=cwd)
 
 
 # ------------------------------------------------------------------ one place decides the kind
@@ -485,7 +488,10 @@ def test_bad_input_is_one_line_exit_2(tmp_path, case):
 
 
 def test_compare_cli_refuses_a_folder_that_is_no_checkpoint(tmp_path):
+    """The real console script, in a subprocess (the module's other CLI tests run it in this
+    process: tests/cli_inprocess.py)."""
     path, words = _not_a_checkpoint(tmp_path)
-    run = cli("compare", path, PRETRAIN)
+    run = subprocess.run([DIAGKIT, "compare", str(path), str(PRETRAIN)], capture_output=True,
+                         text=True, timeout=300)
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
     assert all(word in run.stderr for word in words), run.stderr

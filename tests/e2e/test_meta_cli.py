@@ -1,6 +1,9 @@
-"""`diagkit check TARGET --meta`, the real console script as a subprocess: a LLaMA model with a
-peft LoRA wrapper built after its optimizer (the optimizer-before-wrap bug), tiny and at 70B,
-and the one-line refusals of what a dry run cannot do (docs/meta.md, "Dry run on meta")."""
+"""`diagkit check TARGET --meta` from the command line: a LLaMA model with a peft LoRA wrapper
+built after its optimizer (the optimizer-before-wrap bug), tiny and at 70B, and the one-line
+refusals of what a dry run cannot do (docs/meta.md, "Dry run on meta"). The command runs in
+this process (tests/cli_inprocess.py), but for the real console script in a subprocess (the
+`--nproc 2` refusal of test_what_a_dry_run_cannot_do_is_one_line_exit_2) and the 70B run,
+whose peak memory is its own process's."""
 
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_inprocess import run_cli
+
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
@@ -20,7 +25,12 @@ DIAGKIT = Path(sys.executable).parent / "diagkit"
 TARGET = "diagkit.demos.llama_lora:llama_lora"
 
 
-def check(*args, timeout=300):
+def check(*args):
+    return run_cli("check", *args)
+
+
+def check_console_script(*args, timeout=300):
+    """The real console script, in a subprocess."""
     return subprocess.run([str(DIAGKIT), "check", *args], capture_output=True, text=True,
                           timeout=timeout)
 
@@ -64,6 +74,8 @@ def test_what_a_dry_run_cannot_do_is_one_line_exit_2(tmp_path, extra, words):
     if extra == "real":
         (tmp_path / "real.py").write_text(REAL)
         run = check(f"{tmp_path / 'real.py'}:build", "--meta")
+    elif "--nproc" in extra:  # refused before anything is built: the cheapest real process
+        run = check_console_script(TARGET, "--meta", "--arg", "size=tiny", *extra)
     else:
         run = check(TARGET, "--meta", "--arg", "size=tiny", *extra)
     assert run.returncode == 2, (run.stdout, run.stderr)
@@ -105,9 +117,7 @@ def test_the_70b_llama_lora_dry_run(tmp_path):
 
 def test_the_report_says_what_was_not_measured(tmp_path):
     """`diagkit report --meta`: the notebook's `meta` parameter, the banner's line, the JSON."""
-    run = subprocess.run([str(DIAGKIT), "report", TARGET, "--meta", "--arg", "size=tiny",
-                          "--out", str(tmp_path / "r")], capture_output=True, text=True,
-                         timeout=600)
+    run = run_cli("report", TARGET, "--meta", "--arg", "size=tiny", "--out", tmp_path / "r")
     assert run.returncode == 1, run.stderr
     page = (tmp_path / "r" / "report.html").read_text()
     assert "Dry run on the meta device" in page and "stalled (needs values)" in page
@@ -134,7 +144,7 @@ def test_timeout_bounds_the_meta_pass(tmp_path):
     # The clock starts when the target begins to import, so the bound must leave room for
     # building the meta setup on a loaded CI machine (3 s did not); the step sleeps 60 s.
     (tmp_path / "slow.py").write_text(SLOW)
-    run = check(f"{tmp_path / 'slow.py'}:build", "--meta", "--timeout", "20", timeout=90)
+    run = check(f"{tmp_path / 'slow.py'}:build", "--meta", "--timeout", "20")
     assert run.returncode == 2, run.stderr
     assert run.stderr.strip().splitlines()[-1] == (
         "diagkit: error: timed out after 20 s (--timeout) in step 0, in its meta pass; the 0 "

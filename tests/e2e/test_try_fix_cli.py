@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_inprocess import run_cli
 from diagkit.run.cli import main
 
 DIAGKIT = str(Path(sys.executable).parent / "diagkit")
@@ -69,6 +70,8 @@ def test_try_fix_refuses_meta_and_checkpoint(capsys, extra, words):
     assert words in err and len(err.strip().splitlines()) == 1
 
 
+# The real console script, in a subprocess: the --nproc runs below (the rest of the module
+# runs the command line in this process: `main`, and tests/cli_inprocess.py's `run_cli`).
 def test_try_fix_nproc_2_shows_the_two_step_times():
     run = subprocess.run([DIAGKIT, "check", "diagkit.demos:finetune_heads", "--nproc", "2",
                           "--steps", "3", "--try-fix"], capture_output=True, text=True,
@@ -145,9 +148,9 @@ def test_a_fix_preview_whose_build_fails_keeps_the_first_run(tmp_path, how, why)
     --timeout: --json and --save hold the first run, and the one line names the preview's
     build, not the target as the user runs it."""
     (tmp_path / "t.py").write_text(SECOND_BUILD_FAILS)
-    run = subprocess.run([DIAGKIT, "check", "t.py:build", "--arg", f"how={how}", "--try-fix",
-                          "--timeout", "10", "--json", "before.json", "--save", "saved"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    run = run_cli("check", "t.py:build", "--arg", f"how={how}", "--try-fix", "--timeout", "10",
+                  "--json", "before.json", "--save", "saved", cwd=tmp_path,
+                  env={"BUILDS": None})  # the target counts its builds from none
     line = one_error_line(run)
     assert line.startswith("diagkit: error: --try-fix: the fix preview's build"), line
     assert why in line and "before.json" in line, line

@@ -1,8 +1,10 @@
 """Bad inputs and faults found by a corpus of them (issue 13, items 8-13): each ends in one
 line on stderr and a clear exit code, never a traceback, and never loses completed work.
 
-The console script runs as a real subprocess; each imports torch (a few seconds), so every case
-uses few steps.
+The command line runs in this process (tests/cli_inprocess.py: what it prints, writes and exits
+with is what a process of it would); a real subprocess of the console script, which imports
+torch afresh (a few seconds), where only a process will do: a signal sent to the command, a
+timeout that ends the process, `--nproc` (torchrun). Every case uses few steps.
 """
 
 from __future__ import annotations
@@ -14,18 +16,26 @@ import subprocess
 import sys
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
+from cli_inprocess import run_cli
+
 DIAGKIT = Path(sys.executable).parent / "diagkit"
 TIMEOUT = 300
 
 
-def run(*args, cwd, env_extra=None, timeout=TIMEOUT) -> subprocess.CompletedProcess:
+def run(*args, cwd) -> subprocess.CompletedProcess:
+    """The command line, in this process."""
+    return run_cli(*args, cwd=cwd, env={"DIAGKIT_DEBUG": None})
+
+
+def run_console_script(*args, cwd, timeout=TIMEOUT) -> subprocess.CompletedProcess:
+    """The real console script, in a subprocess."""
     env = {k: v for k, v in os.environ.items() if k != "DIAGKIT_DEBUG"}
-    env.update(env_extra or {})
     return subprocess.run([str(DIAGKIT), *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -78,7 +88,8 @@ def _needs_code(line: str, name: str = "evil.pt") -> None:
     ["check", "targets.py:tiny", "--checkpoint", "evil.pt", "--steps", "1", "--nproc", "2"],
 ], ids=["check", "compare_a", "compare_b", "nproc"])
 def test_checkpoint_needing_code_names_trust_flag_and_never_runs(evil, args):
-    line = one_error_line(run(*args, cwd=evil))
+    nproc = "--nproc" in args  # torchrun's ranks: the real console script, in a subprocess
+    line = one_error_line((run_console_script if nproc else run)(*args, cwd=evil))
     _needs_code(line)
     assert not (evil / "MARKER").exists()
     assert not (evil / "cmp.json").exists()
@@ -246,8 +257,7 @@ def targets(tmp_path):
 # starts when the target begins to import, and the hangs themselves last far longer.
 def test_timeout_in_a_hung_batch_keeps_the_completed_steps(targets):
     proc = run("check", "targets.py:hangs_at_step_2", "--timeout", "15", "--steps", "5",
-               "--json", "out.json", cwd=targets,
-               timeout=150)
+               "--json", "out.json", cwd=targets)
     line = one_error_line(proc)
     assert "timed out after 15 s" in line and "step 2" in line and "batch" in line, line
     payload = json.loads((targets / "out.json").read_text())
@@ -256,9 +266,9 @@ def test_timeout_in_a_hung_batch_keeps_the_completed_steps(targets):
 
 
 def test_timeout_ends_a_run_whose_main_thread_never_comes_back(targets):
-    proc = run("check", "targets.py:stuck_for_good", "--timeout", "10", "--steps", "5",
-               "--json", "out.json", cwd=targets,
-               timeout=150)
+    # diagkit ends the process: a real one
+    proc = run_console_script("check", "targets.py:stuck_for_good", "--timeout", "10",
+                              "--steps", "5", "--json", "out.json", cwd=targets, timeout=150)
     line = one_error_line(proc)
     assert "timed out after 10 s" in line and "step 1" in line and "ended it" in line, line
     payload = json.loads((targets / "out.json").read_text())  # complete JSON, atomically
@@ -268,14 +278,13 @@ def test_timeout_ends_a_run_whose_main_thread_never_comes_back(targets):
 
 def test_timeout_while_building(targets):
     line = one_error_line(run("check", "targets.py:hangs_building", "--timeout", "3",
-                              cwd=targets, timeout=150))
+                              cwd=targets))
     assert "timed out after 3 s" in line and "while building the setup" in line, line
 
 
 def test_timeout_bounds_a_report_run(targets):
     proc = run("report", "targets.py:hangs_at_step_2", "--timeout", "20", "--steps", "5",
-               "--out", "rep", cwd=targets,
-               timeout=150)
+               "--out", "rep", cwd=targets)
     line = one_error_line(proc)
     assert "timed out after 20 s" in line and "step 2" in line, line
     findings = json.loads((targets / "rep" / "findings.json").read_text())
@@ -294,8 +303,9 @@ HANGS_AT_IMPORT = "import threading\nthreading.Event().wait()\ndef build():\n   
 def test_timeout_bounds_a_target_that_hangs_at_import(tmp_path, nproc):
     (tmp_path / "stuck.py").write_text(HANGS_AT_IMPORT)
     started = time.monotonic()
-    line = one_error_line(run("check", "stuck.py:build", "--timeout", "4", "--nproc", nproc,
-                              cwd=tmp_path, timeout=120))
+    how = run if nproc == "1" else partial(run_console_script, timeout=120)  # torchrun
+    line = one_error_line(how("check", "stuck.py:build", "--timeout", "4", "--nproc", nproc,
+                              cwd=tmp_path))
     assert line == "diagkit: error: timed out after 4 s (--timeout) while importing the target"
     assert time.monotonic() - started < 60
 
@@ -303,10 +313,12 @@ def test_timeout_bounds_a_target_that_hangs_at_import(tmp_path, nproc):
 def test_timeout_bounds_each_demo_run(tmp_path):
     """`diagkit demo` takes --timeout (default 120 s): a demo run of a million steps ends
     with the one line of a timed-out run, and its report shows the steps before it."""
-    proc = run("demo", "--steps", "1000000", "--timeout", "15", "--out", "rep", cwd=tmp_path,
-               timeout=240)
+    # Each of the three demos computes until the bound: 5 s each, not 15 (a demo builds in
+    # well under a second; at 6 s each ran over 1300 steps on 2 cores at load 9), and fewer
+    # steps to judge and plot.
+    proc = run("demo", "--steps", "1000000", "--timeout", "5", "--out", "rep", cwd=tmp_path)
     line = one_error_line(proc)
-    assert line.startswith("diagkit: error: timed out after 15 s (--timeout) in step "), line
+    assert line.startswith("diagkit: error: timed out after 5 s (--timeout) in step "), line
     assert (tmp_path / "rep" / "report.html").is_file()
     findings = json.loads((tmp_path / "rep" / "meta_memory" / "findings.json").read_text())
     assert findings["meta"]["timed_out"] is True and findings["meta"]["steps_observed"] >= 1
