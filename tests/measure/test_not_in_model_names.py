@@ -50,9 +50,13 @@ def test_diagnose_and_watch_report_not_in_model_under_the_path():
     diag = diagkit.diagnose(model, opt, batch_fn=lambda: x,
                             loss_fn=lambda m, b: m(b).pow(2).mean(), steps=2)
     assert diag.verdicts() == expected
-    (f,) = [f for f in diag.findings if f.code == "not_in_model"]
-    assert set(f.params) == {"layers[0].weight", "layers[0].bias", "temperature"}
-    assert "`layers[0].weight`" in f.message
+    # one finding per attribute, each with the registration it calls for (issue 36, item 6)
+    found = {f.module: f for f in diag.findings if f.code == "not_in_model"}
+    assert set(found) == {"layers", "temperature"}
+    assert set(found["layers"].params) == {"layers[0].weight", "layers[0].bias"}
+    assert "`layers[0].weight`" in found["layers"].message
+    assert "nn.ModuleList([...])" in found["layers"].fix
+    assert "self.temperature = nn.Parameter(temperature)" in found["temperature"].fix
     w = diagkit.watch(model, opt, steps=2)
     for _ in range(2):
         opt.zero_grad()
