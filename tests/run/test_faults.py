@@ -204,9 +204,17 @@ def _signal_once_underway(args, cwd: Path, signum, group: bool):
     scratch_tmp.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "DIAGKIT_DEBUG"}
     env["TMPDIR"] = str(scratch_tmp)
-    proc = subprocess.Popen([str(DIAGKIT), *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    # A process started where SIGINT is ignored (pytest run as a shell's background job, as
+    # `cmd &` or nohup start it) inherits SIG_IGN and would never see the Ctrl-C: while it
+    # starts, this one catches SIGINT, so the command gets the default, as from a terminal.
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([str(DIAGKIT), *args], cwd=cwd, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, before)
     deadline = time.monotonic() + 240
     while not (cwd / "STARTED").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
