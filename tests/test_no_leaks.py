@@ -29,11 +29,11 @@ def test_cleans_up():
 '''
 
 
-def pytest_run(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
+def pytest_run(tmp_path: Path, body: str, **env_extra: str) -> subprocess.CompletedProcess:
     """A pytest session of its own, with the leak check, on a one-file suite."""
     (tmp_path / "test_inner.py").write_text(body)
     path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "DIAGKIT_TEST_LEAK_GRACE_S": "1", "PYTHONPATH": path}
+    env = {**os.environ, "DIAGKIT_TEST_LEAK_GRACE_S": "1", "PYTHONPATH": path, **env_extra}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "leaks", "-q", "-p",
                            "no:cacheprovider", "test_inner.py"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
@@ -121,7 +121,11 @@ def test_a_session_leaves_other_jobs_folders_alone_and_takes_its_own_with_it(tmp
     torchrun's folders in the machine's temporary folder while an inner session runs, whose
     own processes make theirs: the inner session passes, the other job's folders are still
     there (never deleted, never a failure), and its own went with its temporary folder."""
-    machine = Path(os.environ.get("TMPDIR", tempfile.gettempdir()))  # the inner's machine's
+    # The inner session's machine: a temporary folder of this test's own, so that the other
+    # job's folders appear where no parallel test looks (one checking that a browser left
+    # nothing in the suite's temporary folder saw them there: CI)
+    machine = tmp_path / "machine"
+    machine.mkdir()
     done_flag = tmp_path / "other-done"
     env = {k: v for k, v in os.environ.items() if k not in ("DIAGKIT_TEST_SESSION", "TMPDIR")}
     other = subprocess.Popen([sys.executable, "-c", OTHER_JOB, str(machine), str(done_flag)],
@@ -130,7 +134,7 @@ def test_a_session_leaves_other_jobs_folders_alone_and_takes_its_own_with_it(tmp
     try:
         os.environ["OTHER_JOB_DONE"] = str(done_flag)
         try:
-            done = pytest_run(tmp_path, LEAVES_A_FOLDER)
+            done = pytest_run(tmp_path, LEAVES_A_FOLDER, TMPDIR=str(machine))
         finally:
             os.environ.pop("OTHER_JOB_DONE", None)
         other.wait(timeout=60)
