@@ -30,7 +30,7 @@ def check_replaceable_dir(target: Path, marker: str) -> None:
     symbolic link to such a folder is written through (the folder it points to is replaced;
     the link stays)."""
     target = Path(target)
-    found = _stat(target, str(target))
+    found = lookup(target, str(target))
     if found is None:
         return
     if not stat.S_ISDIR(found.st_mode):
@@ -77,13 +77,13 @@ def check_output(path, option: str) -> None:
     target = Path(path)
     label = f"{option} {path}"
     if option == "--out":
-        found = _stat(target, label)
+        found = lookup(target, label)
         if found is not None and not stat.S_ISDIR(found.st_mode):
             raise DiagkitError(f"{label} exists and is not a folder")
         _check_ancestor(target, label)
         return
     if option == "--save":  # save replaces the folder: only one diagkit wrote, or an empty one
-        _stat(target, label)  # a link loop: one line naming the option
+        lookup(target, label)  # a link loop: one line naming the option
         check_output_dir(target, marker="run.json", label=label)
         return
     how, where = file_target(target, label)
@@ -116,13 +116,15 @@ def _check_ancestor(target: Path, label: str) -> None:
 
 
 # ------------------------------------------------------------------ what a path is
-def _stat(path: Path, label: str) -> os.stat_result | None:
-    """`os.stat(path)` through links; None when nothing is there (or a link points nowhere).
-    A link loop, an over-long name, a folder that may not be searched: the user's to fix, in
+def lookup(path: Path, label: str,
+           absent: tuple = (FileNotFoundError, NotADirectoryError)) -> os.stat_result | None:
+    """`os.stat(path)` through links; None when nothing is there (`absent`: or a link points
+    nowhere, or a file stands where a folder should). The one place a user's path is looked
+    up (outputs here, inputs in `run.paths` and `measure.checkpoint_kind`). A link loop, an over-long name, a folder that may not be searched: the user's to fix, in
     one line (pathlib's `exists()` says False to a loop, and `resolve()` raises RuntimeError)."""
     try:
         return os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
+    except absent:
         return None
     except OSError as exc:
         raise DiagkitError(f"{label}: {reason(exc)}") from None
@@ -138,7 +140,7 @@ def reason(exc: OSError) -> str:
 def real_path(path: Path, label: str) -> Path:
     """`path` with every symbolic link followed: where a write through it lands (a dangling
     link: the path it names). A loop is a DiagkitError naming `label`."""
-    _stat(path, label)
+    lookup(path, label)
     return Path(os.path.realpath(path))
 
 
@@ -153,7 +155,7 @@ def file_target(path: Path, label: str) -> tuple[str, Path | int]:
       Through a symbolic link, the file it points to is the one replaced; the link stays.
 
     Anything else there (a folder, a socket, a block device) is refused in one line."""
-    found = _stat(path, label)
+    found = lookup(path, label)
     if found is None:
         return "swap", real_path(path, label)
     for fd in (1, 2):
@@ -169,10 +171,17 @@ def file_target(path: Path, label: str) -> tuple[str, Path | int]:
         return "swap", real_path(path, label)
     if stat.S_ISDIR(mode):
         raise DiagkitError(f"{label} is a folder; give a file name")
-    what = "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) \
-        else "not a regular file"
-    raise DiagkitError(f"{label} is {what}; diagkit writes a regular file, a character device "
-                       "or a FIFO")
+    raise DiagkitError(f"{label} is {kind(mode)}; diagkit writes a regular file, a character "
+                       "device or a FIFO")
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def kind(mode: int) -> str:
+    """What a path that is neither a regular file nor a folder is, as a person names it."""
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
 
 
 # ------------------------------------------------------------------ modes

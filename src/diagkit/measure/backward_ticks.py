@@ -26,6 +26,8 @@ class BackwardTicks:
         self._queued = False
         self._handles: list = []
 
+    attached = property(lambda self: bool(self._handles), doc="Whether any hook is set.")
+
     def attach(self) -> None:
         for t in self.tensors:
             if t.requires_grad and t.is_leaf:
@@ -37,9 +39,13 @@ class BackwardTicks:
         self._handles.clear()
 
     def _accumulated(self, _tensor) -> None:
-        if not self._queued and not self.explicit:
-            self._queued = True
+        if self._queued or self.explicit or torch.compiler.is_compiling():
+            return
+        try:
             Variable._execution_engine.queue_callback(self._ended)
+            self._queued = True
+        except Exception:  # not inside a backward: not an end to tell, never raised
+            pass
 
     def _ended(self) -> None:
         self._queued = False

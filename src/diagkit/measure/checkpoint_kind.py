@@ -24,7 +24,7 @@ import stat
 from pathlib import Path
 
 from ..core.errors import DiagkitError
-from ..core.files import reason
+from ..core.files import kind, lookup, reason
 
 FILE, HF_SHARDED, DCP = "file", "hf_sharded", "dcp"
 
@@ -57,24 +57,17 @@ def locate(path) -> Located:
     return Located(FILE, given)
 
 
-_SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
 def _stat(given: Path, path) -> os.stat_result:
     """`given`'s stat (through symlinks), when it is a folder or a regular file; else the
     one line that says what it is instead, or why the system could not look it up."""
-    try:
-        found = given.stat()
-    except FileNotFoundError:
-        raise DiagkitError(f"no such checkpoint file or folder: {path}") from None
-    except OSError as exc:  # ELOOP, ENAMETOOLONG, ENOTDIR, EACCES: the user's path, not a bug
-        raise DiagkitError(f"checkpoint {path}: {reason(exc)}") from None
+    # a file where a folder should be is said as such ("Not a directory"), not "no such file"
+    found = lookup(given, f"checkpoint {path}", absent=(FileNotFoundError,))
+    if found is None:
+        raise DiagkitError(f"no such checkpoint file or folder: {path}")
     if stat.S_ISDIR(found.st_mode) or stat.S_ISREG(found.st_mode):
         return found
-    what = next((name for test, name in _SPECIAL if test(found.st_mode)), "a special file")
-    raise DiagkitError(f"checkpoint {path} is not a regular file ({what}): give a checkpoint "
-                       "file or folder")
+    raise DiagkitError(f"checkpoint {path} is not a regular file ({kind(found.st_mode)}): "
+                       "give a checkpoint file or folder")
 
 
 def _regular(path: Path) -> bool:

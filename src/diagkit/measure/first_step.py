@@ -5,13 +5,13 @@ Under a process group this is what tells a rank that is alive but never calls
 from one that died or hangs (`diagkit.run.gather`): a rank that never steps observes no step,
 so without this count it would look exactly like a silent one.
 
-Until the first optimizer step, each trainable tensor carries one post-accumulate hook: the first
-that fires in a backward queues a callback on autograd's engine, which runs once that whole
-backward has finished (as `measure.backward_ticks` tells a step's end), and reports it. The
+Until the first optimizer step, the ends of backward are told by `measure.backward_ticks` (one
+post-accumulate hook per trainable tensor, as a loop with no optimizer has its steps told), and
+each is reported. The
 optimizers' step *pre*-hooks report the first step as it begins, so a slow first step is never
 taken for no step at all. After it nothing is counted: every hook is removed at the next
 backward's end (not inside the optimizer's hook loop, which torch is iterating then) or at
-`close()`. The hooks hold this object by weak reference only, and are removed when it is
+`close()`. The hooks reach this object by weak reference only, and are removed when it is
 collected: a watch dropped without `close()` leaves none behind. Like every hook of diagkit's,
 they do nothing where dynamo traces them, and never raise into the user's loop.
 """
@@ -22,7 +22,8 @@ import weakref
 from collections.abc import Callable
 
 import torch
-from torch.autograd import Variable
+
+from .backward_ticks import BackwardTicks
 
 
 class FirstStep:
@@ -34,25 +35,13 @@ class FirstStep:
                  on_change: Callable[[int, bool], None]):
         self.backwards = 0      # backward passes that ended before the first optimizer step
         self.stepped = False    # an optimizer's step() began
-        self.queued = False     # this backward's end is queued
         self.broken = False     # `on_change` raised: counting stopped, the count is not whole
         self._on_change = on_change
         me = weakref.ref(self)
 
-        def accumulated(_tensor) -> None:
-            alive = me()
-            if alive is None or alive.queued or torch.compiler.is_compiling():
-                return
-            try:
-                Variable._execution_engine.queue_callback(ended)
-                alive.queued = True
-            except Exception:  # not inside a backward: not counted, never raised
-                pass
-
         def ended() -> None:
             alive = me()
             if alive is not None:
-                alive.queued = False
                 alive._ended()
 
         def stepping(*_args) -> None:
@@ -60,11 +49,11 @@ class FirstStep:
             if alive is not None and not torch.compiler.is_compiling():
                 alive._stepping()
 
+        self._ticks = BackwardTicks(tensors, ended)  # told as a no-optimizer loop's steps
         self._handles: list = []
-        self._finalizer = weakref.finalize(self, _remove, self._handles)
+        self._finalizer = weakref.finalize(self, _remove, self._ticks, self._handles)
         try:
-            self._handles += [t.register_post_accumulate_grad_hook(accumulated)
-                              for t in tensors if t.requires_grad and t.is_leaf]
+            self._ticks.attach()
             self._handles += [opt.register_step_pre_hook(stepping) for opt in optimizers]
         except BaseException:
             self.close()
@@ -72,7 +61,7 @@ class FirstStep:
 
     @property
     def attached(self) -> bool:
-        return bool(self._handles)
+        return self._ticks.attached or bool(self._handles)
 
     def close(self) -> None:
         """Remove every hook (safe to call again; never from inside an optimizer's step)."""
@@ -97,7 +86,8 @@ class FirstStep:
             self._on_change, self.broken = _nothing, True
 
 
-def _remove(handles: list) -> None:
+def _remove(ticks: BackwardTicks, handles: list) -> None:
+    ticks.detach()
     for handle in handles:
         handle.remove()
     handles.clear()

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from ..core.errors import DiagkitError
-from ..core.files import reason
+from ..core.files import lookup
 from ..core.shipped import shipped
 
 LAUNCH_ENV = "DIAGKIT_LAUNCH_DIR"
@@ -111,9 +111,4 @@ def check_lookup(path, label: str) -> None:
     this process may not search. pathlib cannot say it: `exists()` is False for a loop (so a
     loop was "does not exist") and raises OSError for a name too long (an "internal error").
     A path with nothing there is left to the reader, whose one line says what was expected."""
-    try:
-        os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    except OSError as exc:
-        raise DiagkitError(f"{label} {path}: {reason(exc)}") from None
+    lookup(Path(path), f"{label} {path}")
