@@ -266,3 +266,19 @@ def watched_under_ddp(planted: bool, steps: int):
         ddp(x).backward()
         opt.step()
     return w
+
+
+def forward_forward(layers, opts, per_layer: int) -> None:
+    """Forward-forward training: each layer with its own optimizer, trained `per_layer` steps
+    after the one before it (on that one's output, without gradients): optimizers that take
+    turns."""
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    for k, (layer, opt) in enumerate(zip(layers, opts)):
+        for _ in range(per_layer):
+            h = x
+            with torch.no_grad():
+                for prev in layers[:k]:
+                    h = torch.relu(prev(h))
+            opt.zero_grad()
+            layer(h).pow(2).mean().backward()
+            opt.step()

@@ -19,6 +19,7 @@ from torch import nn
 import diagkit
 from diagkit.measure.step_state import LoopFacts
 from diagkit.run import watch as watch_module
+from models import forward_forward
 
 STEPS = 8
 SAME = settings(derandomize=True, max_examples=30, deadline=None, database=None,
@@ -186,16 +187,7 @@ def test_forward_forward_hands_over_without_a_dropped_step():
     layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
     opts = [torch.optim.SGD(layer.parameters(), lr=0.05) for layer in layers]
     w = diagkit.watch(layers, opts, steps=100, live=False)
-    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
-    for k, (layer, opt) in enumerate(zip(layers, opts)):
-        for _ in range(12):
-            h = x
-            with torch.no_grad():
-                for prev in layers[:k]:
-                    h = torch.relu(prev(h))
-            opt.zero_grad()
-            layer(h).pow(2).mean().backward()
-            opt.step()
+    forward_forward(layers, opts, per_layer=12)
     diag = w.stop()
     assert diag.meta["dropped_steps"] == []
     assert diag.meta["steps_observed"] == diag.meta["optimizer_steps"]

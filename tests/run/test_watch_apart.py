@@ -10,6 +10,7 @@ from torch import nn
 
 import diagkit
 from diagkit.measure.step_clock import IDLE_AFTER
+from models import forward_forward
 
 
 class Layer(nn.Module):
@@ -21,19 +22,6 @@ class Layer(nn.Module):
 
     def forward(self, x):
         return self.fc(x)
-
-
-def forward_forward(layers, opts, per_layer):
-    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
-    for k, (layer, opt) in enumerate(zip(layers, opts)):
-        for _ in range(per_layer):
-            h = x
-            with torch.no_grad():
-                for prev in layers[:k]:
-                    h = torch.relu(prev(h))
-            opt.zero_grad()
-            layer(h).pow(2).mean().backward()
-            opt.step()
 
 
 def test_layers_trained_one_after_another_are_a_step_per_optimizer_step():
