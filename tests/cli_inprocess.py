@@ -33,7 +33,7 @@ What it does as a process would:
   from outside the repository and the virtual environment: a file target
   (`diagkit_target_*`) and the sibling modules it imported (`import helpers` next to
   `t.py`), so that the next test's `helpers.py` in another folder is imported afresh, as in a
-  new process.
+  new process; such modules another test left in `sys.modules` are hidden during the call.
 
 What differs from a real process, so which tests must stay a subprocess:
 
@@ -286,6 +286,11 @@ def _process_state(argv: list[str], cwd, env):
     cwd_before = os.getcwd()
     env_before = dict(os.environ)
     argv_before, path_before = sys.argv, sys.path[:]
+    # Modules another test imported from its own folder (a `helpers` left by a test that
+    # loaded a target itself) would shadow this call's siblings: a new process has none of them.
+    hidden = {name: module for name, module in list(sys.modules.items()) if _ours(module)}
+    for name in hidden:
+        sys.modules.pop(name, None)
     modules_before = set(sys.modules)
     handlers_before = _handlers()
     try:
@@ -308,6 +313,7 @@ def _process_state(argv: list[str], cwd, env):
         for name in set(sys.modules) - modules_before:
             if _ours(sys.modules.get(name)):
                 sys.modules.pop(name, None)
+        sys.modules.update(hidden)
         sys.argv = argv_before  # the list itself, untouched
         sys.path[:] = path_before
         for key in set(os.environ) - set(env_before):

@@ -36,6 +36,7 @@ def pytest_configure(config):
 pytest_sessionfinish = leaks.pytest_sessionfinish  # no process outlives the session
 pytest_collection_modifyitems = suite_plan.pytest_collection_modifyitems  # tiers, groups
 pytest_runtest_logreport = suite_plan.pytest_runtest_logreport  # DIAGKIT_TEST_DURATIONS=FILE
+pytest_runtest_protocol = suite_plan.pytest_runtest_protocol  # DIAGKIT_TEST_CPU=FILE
 
 N_STEPS = 3
 STEP_DEFAULTS = {

@@ -80,6 +80,26 @@ def pytest_runtest_logreport(report):
                     f"{report.nodeid}\n")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """DIAGKIT_TEST_CPU=FILE: each test's CPU seconds (user + sys), its own process and the
+    processes it started and waited for, appended by the worker that ran it: where the suite's
+    CPU goes, which is what a busy neighbour takes from (benchmarks/README.md)."""
+    path = os.environ.get("DIAGKIT_TEST_CPU")
+    before = _cpu() if path else 0.0
+    yield
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{_cpu() - before:8.2f} {item.nodeid}\n")
+
+
+def _cpu() -> float:
+    """User + system seconds of this process and its waited-for children."""
+    import resource
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def pytest_configure(config):
     """One compute thread per xdist worker, for it and the processes it starts."""
     if hasattr(config, "workerinput"):

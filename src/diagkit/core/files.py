@@ -271,10 +271,18 @@ def to_parquet(df: pd.DataFrame, path: Path) -> None:
     pq.write_table(pa.Table.from_pandas(out, preserve_index=False, nthreads=1), path)
 
 
-def from_parquet(path: Path) -> pd.DataFrame:
-    import pandas as pd
+def from_parquet(path) -> pd.DataFrame:
+    """A table written by `to_parquet` (a path or an open binary file), read on this thread.
 
-    df = pd.read_parquet(path)
+    Arrow reads with its C++ thread pool by default. A process that read a table that way
+    and then ended soon after (a CLI refusing a damaged folder with exit 2) was seen aborting
+    at exit under load: "terminate called without an active exception", exit -6 instead of 2
+    (apache/arrow#34314, #50482: pool teardown after reading from a Python file object).
+    Our tables are small; one thread reads them as fast and leaves no pool behind.
+    """
+    import pyarrow.parquet as pq
+
+    df = pq.read_table(path, use_threads=False, pre_buffer=False).to_pandas(use_threads=False)
     for col in TUPLE_COLUMNS:
         if col in df:
             df[col] = df[col].map(lambda s: _as_tuple(json.loads(s)))
