@@ -1,4 +1,9 @@
-"""Real torch.distributed runs: torchrun, 2 processes, gloo on this CPU."""
+"""Real torch.distributed runs: torchrun, 2 processes, gloo on this CPU.
+
+The demos whose ranks all end together (forward_arg, rank_branch, ddp_strict) share one
+torchrun job (`tests/ranks_one_job.py`: each is the real `diagnose_distributed` call, its ranks
+those of the shared job); the CLI's run and the faults of the launcher's own (a rank that
+hangs, raises or dies alone) keep a job each."""
 
 import json
 import os
@@ -11,6 +16,7 @@ import pytest
 
 from diagkit.run.launcher import diagnose_distributed
 from jobs import JOB_MARKER, carrying, marked_here
+from ranks_one_job import diagnose_together
 
 DIAGKIT = str(Path(sys.executable).parent / "diagkit")
 MEM = "module.metamodel.model.mem_tokens"
@@ -85,8 +91,23 @@ def test_cli_nproc_2_exits_1_and_writes_json(cli_run):
                                                  ["verdicts"])
 
 
-def test_forward_argument_tensor_diverges_between_ranks():
-    diag = diagnose_distributed("diagkit.demos:forward_arg", nproc=2, steps=3)
+@pytest.fixture(scope="module")
+def demos():
+    """diagnose_distributed("diagkit.demos:NAME", nproc=2, steps=3) of three demos, in one
+    job; ddp_strict, whose step fails on both ranks, last."""
+    return diagnose_together({name: dict(target=f"diagkit.demos:{name}", steps=3)
+                              for name in ("forward_arg", "rank_branch", "ddp_strict")})
+
+
+def demo_run(demos, name):
+    """One demo's Diagnosis, as `diagnose_distributed` returned it (its error raised)."""
+    if isinstance(demos[name], BaseException):
+        raise demos[name]
+    return demos[name]
+
+
+def test_forward_argument_tensor_diverges_between_ranks(demos):
+    diag = demo_run(demos, "forward_arg")
     free = [n for n, v in diag.verdicts().items() if "rank_divergent" in v]
     assert len(free) == 1 and free[0].startswith("<optimizer")
     assert "not_in_model" in diag.verdicts()[free[0]]
@@ -95,8 +116,8 @@ def test_forward_argument_tensor_diverges_between_ranks():
     assert (spread == 1).all()  # DDP keeps every model tensor identical across ranks
 
 
-def test_rank_dependent_branch():
-    diag = diagnose_distributed("diagkit.demos:rank_branch", nproc=2, steps=3)
+def test_rank_dependent_branch(demos):
+    diag = demo_run(demos, "rank_branch")
     flagged = {n for n, v in diag.verdicts().items() if "rank_dependent_use" in v}
     assert flagged and all("aux" in n for n in flagged)
     used = diag.steps[diag.steps["name"].isin(flagged)].groupby("rank")["used"].any()
@@ -104,8 +125,8 @@ def test_rank_dependent_branch():
     assert diag.advice["find_unused_parameters"]["value"] is True
 
 
-def test_user_ddp_without_find_unused_is_a_finding_not_a_crash():
-    diag = diagnose_distributed("diagkit.demos:ddp_strict", nproc=2, steps=3)
+def test_user_ddp_without_find_unused_is_a_finding_not_a_crash(demos):
+    diag = demo_run(demos, "ddp_strict")
     assert diag.failure is not None and "Expected to have finished reduction" in diag.failure.error
     finding = diag.findings[0]
     assert finding.code == "ddp_unused_parameters" and finding.severity == "error"

@@ -1,7 +1,11 @@
 """Under `--nproc`, a target's setup is honoured as in one process (real torchrun, gloo, 2 ranks):
 its own `steps`, a batch source that yields exactly that many batches (diagkit's cost timing
 draws no more), sibling imports of a file target, and a `loss_fn` that gets the model the
-target returned (a Lightning-style `model.training_step(batch)`), with DDP still averaging."""
+target returned (a Lightning-style `model.training_step(batch)`), with DDP still averaging.
+
+The runs that end well share one torchrun job (`tests/ranks_one_job.py`: each is the real
+`diagnose_distributed` call, its ranks those of the shared job); the faults below, which are
+the launcher's own (a rank that fails or hangs alone), keep a job each."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import pytest
 
 from diagkit import DiagkitError
 from diagkit.run.launcher import diagnose_distributed
+from ranks_one_job import diagnose_together
 
 DIAGKIT = str(Path(sys.executable).parent / "diagkit")
 
@@ -148,32 +153,51 @@ def _clean_run(diag):
     assert cost["seconds_per_step_true"] > 0 and cost["seconds_per_step_false"] > 0
 
 
-def test_the_targets_steps_and_an_exactly_sized_list_loader(targets):
+@pytest.fixture(scope="module")
+def runs(targets):
+    """The five runs below, in one torchrun job: {name: Diagnosis (or the error raised)}."""
+    exact, lightning, unfreeze = (f"{targets / name}.py:build"
+                                  for name in ("exact", "lightning", "unfreeze"))
+    return diagnose_together({
+        "list": dict(target=exact),
+        "iter": dict(target=exact, target_args={"source": "iter", "batches": 2}, steps=2),
+        "one_shot": dict(target=f"{targets / 'exact.py'}:build_one_shot"),
+        "lightning": dict(target=lightning),
+        "unfreeze": dict(target=unfreeze)})
+
+
+def run_of(runs, name):
+    """One run's Diagnosis, as `diagnose_distributed` returned it (its error raised)."""
+    if isinstance(runs[name], BaseException):
+        raise runs[name]
+    return runs[name]
+
+
+def test_the_targets_steps_and_an_exactly_sized_list_loader(runs):
     """No --steps: the target's 3 steps run, from a list of exactly 3 batches; timing the
     find_unused cost draws none (it replays), so nothing raises IndexError."""
-    diag = diagnose_distributed(f"{targets / 'exact.py'}:build", nproc=2)
+    diag = run_of(runs, "list")
     assert diag.meta["steps_requested"] == 3 and diag.meta["steps_observed"] == 3
     _clean_run(diag)
 
 
-def test_an_explicit_steps_overrides_the_target_and_an_exact_iterator(targets):
+def test_an_explicit_steps_overrides_the_target_and_an_exact_iterator(runs):
     """steps=2 overrides the target's 3; an iterator of exactly 2 batches is enough."""
-    diag = diagnose_distributed(f"{targets / 'exact.py'}:build",
-                                {"source": "iter", "batches": 2}, nproc=2, steps=2)
+    diag = run_of(runs, "iter")
     assert diag.meta["steps_requested"] == 2 and diag.meta["steps_observed"] == 2
     _clean_run(diag)
 
 
-def test_a_failing_cost_timing_leaves_the_cost_out_and_the_diagnosis_whole(targets):
+def test_a_failing_cost_timing_leaves_the_cost_out_and_the_diagnosis_whole(runs):
     """Replaying a consumed batch raises inside diagkit's timing: no cost, no failure."""
-    diag = diagnose_distributed(f"{targets / 'exact.py'}:build_one_shot", nproc=2)
+    diag = run_of(runs, "one_shot")
     assert diag.failure is None and diag.meta["steps_observed"] == 3
     assert not [f for f in diag.findings if f.severity == "error"], diag.findings
     assert "measured_cost" not in diag.advice["find_unused_parameters"]
 
 
-def test_loss_fn_gets_the_targets_model_and_ddp_still_averages(targets):
-    diag = diagnose_distributed(f"{targets / 'lightning.py'}:build", nproc=2)
+def test_loss_fn_gets_the_targets_model_and_ddp_still_averages(runs):
+    diag = run_of(runs, "lightning")
     assert diag.failure is None, diag.failure
     verdicts = diag.verdicts()
     # the names the target's code saw: no `module.` prefix of diagkit's own wrapper
@@ -190,8 +214,8 @@ def test_loss_fn_gets_the_targets_model_and_ddp_still_averages(targets):
     assert "model.memory" in orphan.fix
 
 
-def test_a_tensor_unfrozen_after_ddp_was_built_is_named_with_the_cause(targets):
-    diag = diagnose_distributed(f"{targets / 'unfreeze.py'}:build", nproc=2)
+def test_a_tensor_unfrozen_after_ddp_was_built_is_named_with_the_cause(runs):
+    diag = run_of(runs, "unfreeze")
     assert diag.failure is None, diag.failure
     assert "rank_divergent" in diag.verdicts()["scale"]
     assert "rank_divergent" not in diag.verdicts()["body.weight"]
