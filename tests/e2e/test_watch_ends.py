@@ -6,11 +6,18 @@ on stderr, with the exit code the run would have had anyway.
 Each case is a real Python process running one shared script with a model of 800 tensors:
 large enough that pyarrow would convert its steps table on a thread pool, which the
 interpreter's exit has already shut down (with 4 tensors the exit save worked all along).
-The processes start together, once for the module (most of each is importing torch).
+The processes start together, once for the module, forked from one process that has imported
+torch and diagkit and built an optimizer once (most of each process was that; the script's own
+`import torch, diagkit` then finds them imported). Each child runs the script as `__main__`
+and ends as the script's own process would: its exceptions, signals and `sys.exit` reach the
+interpreter's top level and its exit (atexit, threading's shutdown) is its own; pandas and
+pyarrow are first imported in the child, by the save, as in a process of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -78,30 +85,64 @@ CASES = {
 }
 
 
+# Forks one child per case; each runs train.py as `__main__` with its stdout and stderr in
+# files of its own, and falls off the end of this script (or leaves it by its exception) as
+# train.py's own process would. The parent prints {how: exit status, -N for signal N}.
+FORKS = '''
+import json, os, runpy, sys
+import torch, diagkit  # what each case imports first, once
+torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)  # the optimizer's lazy imports
+root, cases = sys.argv[1], sys.argv[2:]
+sys.stdout.flush()
+sys.stderr.flush()
+children = {}
+for how in cases:
+    pid = os.fork()
+    if pid == 0:
+        os.chdir(os.path.join(root, how))
+        for fd, suffix in ((1, "out"), (2, "err")):
+            f = os.open(os.path.join(root, f"{how}.{suffix}"), os.O_WRONLY | os.O_CREAT)
+            os.dup2(f, fd)
+            os.close(f)
+        sys.argv = [os.path.join(root, "train.py"), how, os.path.join(root, how, "diag")]
+        break
+    children[pid] = how
+else:
+    codes = {}
+    while children:
+        pid, status = os.wait()
+        codes[children.pop(pid)] = os.waitstatus_to_exitcode(status)
+    print(json.dumps(codes))
+    sys.exit(0)
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
     """Every case of CASES and "save-fails", run at once: {how: (the process, its folder)}."""
     root = tmp_path_factory.mktemp("watch_ends")
     (root / "train.py").write_text(SCRIPT)
-    procs = {}
+    (root / "forks.py").write_text(FORKS)
+    cases = [*CASES, "save-fails"]
+    for how in cases:
+        (root / how).mkdir()
+    parent = subprocess.Popen([sys.executable, str(root / "forks.py"), str(root), *cases],
+                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)  # its children: in its process group
     try:
-        for how in [*CASES, "save-fails"]:
-            folder = root / how
-            folder.mkdir()
-            procs[how] = (subprocess.Popen(
-                [sys.executable, str(root / "train.py"), how, str(folder / "diag")],
-                cwd=folder, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True), folder)
-        done = {}
-        for how, (p, folder) in procs.items():
-            out, err = p.communicate(timeout=300)
-            done[how] = (subprocess.CompletedProcess(p.args, p.returncode, out, err), folder)
-        return done
-    finally:
-        for p, _ in procs.values():  # none left behind, whatever failed
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        out, err = parent.communicate(timeout=300)
+        assert parent.returncode == 0, err[-3000:]
+    finally:  # none left behind, whatever failed
+        if parent.returncode != 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(parent.pid, signal.SIGKILL)
+            parent.wait()
+    codes = json.loads(out.strip().splitlines()[-1])
+    return {how: (subprocess.CompletedProcess(
+        [sys.executable, str(root / "train.py"), how, str(root / how / "diag")], codes[how],
+        (root / f"{how}.out").read_text(), (root / f"{how}.err").read_text()), root / how)
+        for how in cases}
 
 
 @pytest.mark.parametrize("how", list(CASES))
