@@ -1,7 +1,12 @@
 """FSDP2 (`fully_shard`, DTensor parameters) under `diagnose`, `--nproc` and `watch`: real
 sharding on gloo, world 1 and 2, with the optimizer-built-before-sharding bug
 (`examples/fsdp2_job.py`). Each rank measures its shards; the combined norms must be those of
-the whole tensors, which the torchrun program measures itself with `full_tensor()`."""
+the whole tensors, which the torchrun program measures itself with `full_tensor()`.
+
+The four programs of one process share one process (`one_process`): each is what a process of
+its own would do, one after the other. The torchrun jobs are not shared: a rank's FSDP2 run
+leaves DTensor's caches naming its process group, which a later group in the same process
+cannot use (tests/ranks_one_job.py)."""
 
 from __future__ import annotations
 
@@ -32,6 +37,43 @@ def python(code: str, cwd) -> subprocess.CompletedProcess:
                           text=True, timeout=240)
     assert finished(done.returncode, done.stdout + done.stderr), done.stderr[-3000:]
     return done
+
+
+# The programs of one process below, in ONE process (a process's CPU here is mostly importing
+# torch and diagkit): each runs as `python -c PROGRAM` would, in a folder of its own, its
+# output kept apart; an error in one is its test's failure, not the others'.
+ONE_PROCESS = """
+import contextlib, os, sys, traceback
+for name, code in PROGRAMS:
+    os.chdir(name)
+    with open("stdout", "w") as out, contextlib.redirect_stdout(out):
+        try:
+            exec(compile(code, name, "exec"), {"__name__": "__main__"})
+            ended = "ok"
+        except BaseException:
+            ended = traceback.format_exc()
+    open("ended", "w").write(ended)
+    os.chdir("..")
+"""
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("one_process")
+    programs = [("diagnose_False", DIAGNOSE.replace("OPTIMIZER_FIRST", "False")),
+                ("diagnose_True", DIAGNOSE.replace("OPTIMIZER_FIRST", "True")),
+                ("policies", POLICIES), ("fsdp1", FSDP1)]
+    for name, _ in programs:
+        (folder / name).mkdir()
+    python(f"PROGRAMS = {programs!r}\n" + ONE_PROCESS, folder)
+    return folder
+
+
+def ran_alone(folder: Path, name: str) -> str:
+    """One program's stdout, once it ended without an error."""
+    ended = (folder / name / "ended").read_text()
+    assert ended == "ok", ended
+    return (folder / name / "stdout").read_text()
 
 
 def torchrun(tmp_path, *args) -> Path:
@@ -111,7 +153,8 @@ import sys, torch, torch.distributed as dist
 sys.path.insert(0, {str(JOB.parent)!r})
 import diagkit
 from fsdp2_job import build
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+if not dist.is_initialized():  # one group of one for every program of one_process
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 setup = build(optimizer_first=OPTIMIZER_FIRST)
 model = setup["model"]
 before = {{n: p.detach().to_local().clone() for n, p in model.named_parameters()}}
@@ -125,10 +168,10 @@ print("restored", restored, all(p.grad is None for p in model.parameters()))
 
 
 @pytest.mark.parametrize("optimizer_first", [False, True])
-def test_diagnose_in_one_process_under_a_group_of_one(tmp_path, optimizer_first):
-    done = python(DIAGNOSE.replace("OPTIMIZER_FIRST", str(optimizer_first)), tmp_path)
-    assert "restored True True" in done.stdout  # the sharded model is given back bitwise
-    diag = diagkit.load(tmp_path / "diag")
+def test_diagnose_in_one_process_under_a_group_of_one(one_process, optimizer_first):
+    stdout = ran_alone(one_process, f"diagnose_{optimizer_first}")
+    assert "restored True True" in stdout  # the sharded model is given back bitwise
+    diag = diagkit.load(one_process / f"diagnose_{optimizer_first}" / "diag")
     if optimizer_first:
         assert_replaced_parameters(diag)
     else:
@@ -139,7 +182,8 @@ FSDP1 = """
 import torch, torch.distributed as dist
 import diagkit
 from torch.distributed.fsdp import FullyShardedDataParallel
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+if not dist.is_initialized():  # one group of one for every program of one_process
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 for orig in (False, True):
     inner = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     model = FullyShardedDataParallel(inner, device_id=torch.device("cpu"), use_orig_params=orig)
@@ -160,12 +204,12 @@ for orig in (False, True):
 """
 
 
-def test_fsdp1_without_orig_params_is_refused_in_one_accurate_line(tmp_path):
+def test_fsdp1_without_orig_params_is_refused_in_one_accurate_line(one_process):
     """FSDP1 with use_orig_params=False, and the module under FSDP1 either way, end in one line
     that says why, not in a whole model judged `unused` and `rank_divergent`; with
     use_orig_params=True the wrapper itself is judged (all `ok` here; the 2-rank test with a
     planted orphan is tests/e2e/test_fsdp1.py)."""
-    out = python(FSDP1, tmp_path).stdout.splitlines()
+    out = ran_alone(one_process, "fsdp1").splitlines()
     refused = {tuple(ln.split(":")[0].split()[1:]): ln for ln in out if ln.startswith("refused")}
     judged = {tuple(ln.split()[1:3]): ln.split(" ", 3)[3] for ln in out if ln.startswith("judged")}
     assert set(refused) == {("False", "diagnose"), ("False", "watch"), ("False", "module"),
@@ -186,7 +230,8 @@ POLICIES = """
 import torch, torch.distributed as dist
 import diagkit
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+if not dist.is_initialized():  # one group of one for every program of one_process
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
 def sharded(**policy):
@@ -219,9 +264,9 @@ print("no-sync accumulation:", sorted(set().union(*diag.verdicts().values())))
 """
 
 
-def test_fsdp2_mixed_precision_policy_and_unsynced_accumulation_are_clean(tmp_path):
+def test_fsdp2_mixed_precision_policy_and_unsynced_accumulation_are_clean(one_process):
     """bf16 compute with fp32 sharded parameters (FSDP2's MixedPrecisionPolicy), and
     micro-batches whose gradients FSDP2 reduces on the last one only: nothing false."""
-    out = python(POLICIES, tmp_path).stdout
+    out = ran_alone(one_process, "policies")
     assert "bf16 compute: ['ok'] ['torch.float32']" in out
     assert "no-sync accumulation: ['ok']" in out

@@ -1,6 +1,10 @@
 """`diagkit.watch` in ordinary programs written without diagkit (examples/): a monolithic
 `main()` loop and a torchrun DDP job, on one node and on two nodes of two processes each,
-launched by real torchrun. Each program gains at most 3 lines, marked `# diagkit`."""
+launched by real torchrun. Each program gains at most 3 lines, marked `# diagkit`.
+
+The DDP example on one node, with its diagkit lines and without them, runs in one torchrun
+job (`one_node`, tests/ranks_one_job.py: one program after the other in the same ranks, each
+with a process group of its own); the two nodes and the hanging rank keep a job each."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import pytest
 
 import diagkit
 from jobs import all_finished, finished, marked, run_job
+from ranks_one_job import programs_together
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -60,25 +65,56 @@ def test_plain_main_loop_finds_the_name_filter_and_the_dead_module(tmp_path):
     assert "orphan" in html and "aux_proj" in html and "head.weight" in html
 
 
+def without_diagkit(name: str, folder: Path) -> Path:
+    """The example `name` with its `# diagkit` lines taken out, written into `folder`."""
+    source = (EXAMPLES / name).read_text().splitlines()
+    plain = folder / name
+    plain.write_text("\n".join(line for line in source
+                               if not line.rstrip().endswith("# diagkit")) + "\n")
+    return plain
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory):
+    """One torchrun job (2 processes, --standalone) of the DDP example: first without its
+    diagkit lines (in plain/), then as it is (in watched/). {name: (folder, its result)}."""
+    root = tmp_path_factory.mktemp("one_node")
+    (root / "plain").mkdir()
+    (root / "watched").mkdir()
+    ran = programs_together({
+        "plain": {"path": without_diagkit("torchrun_ddp.py", root / "plain"),
+                  "cwd": root / "plain"},
+        "watched": {"path": EXAMPLES / "torchrun_ddp.py", "cwd": root / "watched"}}, env=ENV)
+    return {name: (root / name, done) for name, done in ran.items()}
+
+
+def one_node_run(one_node, name):
+    """(folder, result) of one program of the job, once every rank ended it well."""
+    folder, done = one_node[name]
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return folder, done
+
+
 @pytest.mark.parametrize("name", ["plain_loop.py", "torchrun_ddp.py"])
-def test_examples_gain_at_most_three_lines_and_run_without_them(tmp_path, name):
+def test_examples_gain_at_most_three_lines_and_run_without_them(tmp_path, name, one_node):
     source = (EXAMPLES / name).read_text().splitlines()
     marked = [line for line in source if line.rstrip().endswith("# diagkit")]
     assert 1 <= len(marked) <= 3
-    plain = tmp_path / name
-    plain.write_text("\n".join(line for line in source if line not in marked) + "\n")
+    plain = without_diagkit(name, tmp_path)
     assert "diagkit" not in plain.read_text().replace("# diagkit", "").split('"""', 2)[2]
-    cmd = ([sys.executable, str(plain)] if name == "plain_loop.py" else
-           [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-            str(plain)])
-    run(cmd, tmp_path)
-    assert not (tmp_path / "diag").exists()
+    if name == "plain_loop.py":
+        run([sys.executable, str(plain)], tmp_path)
+        assert not (tmp_path / "diag").exists()
+    else:  # the same file, run under torchrun --standalone --nproc-per-node=2 (one_node)
+        folder, _ = one_node_run(one_node, "plain")
+        assert (folder / name).read_text() == plain.read_text()
+        assert not (folder / "diag").exists()
 
 
-def test_torchrun_one_node_late_unfreeze_is_rank_divergent(tmp_path):
-    out = run(torchrun("--standalone"), tmp_path)
+def test_torchrun_one_node_late_unfreeze_is_rank_divergent(one_node):
+    folder, out = one_node_run(one_node, "watched")
     assert "backbones identical across ranks: False" in out.stdout
-    diag = diagkit.load(tmp_path / "diag")
+    diag = diagkit.load(folder / "diag")
     v = diag.verdicts()
     assert v["backbone.0.weight"] == {"rank_divergent"} == v["backbone.0.bias"]
     assert v["head.weight"] == {"ok"} == v["head.bias"]  # DDP keeps the head in sync
