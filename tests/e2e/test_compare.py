@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from papermill.exceptions import PapermillExecutionError
 from safetensors.torch import save_file
 
+from cli_inprocess import run_cli
 from diagkit import DiagkitError
 from diagkit.measure import checkpoint_diff
 from diagkit.present import comparison
@@ -304,38 +305,77 @@ def test_trust_opts_in_to_arbitrary_unpickling(tmp_path, capfd):
 
 
 # ------------------------------------------------------------------ streaming
+# One process imports diagkit, then forks a child for each format, which compares the small pair
+# (first-call allocations, and the pages of the libraries it touches: a forked child maps them
+# afresh) and then the large one; its peak resident size grows from there as a fresh process's.
 _MEASURE = textwrap.dedent("""
-    import json, resource, sys
+    import json, os, resource, sys, traceback
     from diagkit.run.compare import compare_checkpoints
-    small_a, small_b, a, b = sys.argv[1:5]
-    compare_checkpoints(small_a, small_b)  # imports and first-call allocations: the baseline
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    cmp = compare_checkpoints(a, b)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"grew_kib": peak - base, "summary": cmp.summary}))
+
+    def maxrss():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    for i in range(1, len(sys.argv), 4):
+        small_a, small_b, a, b = sys.argv[i:i + 4]
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(read)
+                compare_checkpoints(small_a, small_b)  # first-call allocations: the baseline
+                base = maxrss()
+                cmp = compare_checkpoints(a, b)
+                peak = maxrss()
+                os.write(write, json.dumps({"grew_kib": peak - base,
+                                            "summary": cmp.summary}).encode())
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(write)
+        with os.fdopen(read) as f:
+            line = f.read()
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, a
+        print(line, flush=True)
 """)
+SUFFIXES = (".pt", ".safetensors")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in KiB on Linux")
-@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
-def test_streaming_peak_memory_stays_below_one_file(tmp_path, suffix):
+@pytest.fixture(scope="module")
+def streamed(tmp_path_factory) -> dict[str, tuple[dict, int]]:
+    """Two saves of ~50 MB, as .pt and as .safetensors, each pair compared in a process of its
+    own: {suffix: (what it measured, the size of one file)}."""
+    folder = tmp_path_factory.mktemp("streaming")
     gen = torch.Generator().manual_seed(0)
     a = {f"layers.{i}.weight": torch.randn(512, 1024, generator=gen) for i in range(20)}
     a["embed.weight"] = torch.randn(2_600_000, generator=gen)  # one tensor of ~10 MB
     b = {k: (v + 0.01 if i % 2 else v) for i, (k, v) in enumerate(a.items())}
-    paths = [tmp_path / f"{n}{suffix}" for n in ("small_a", "small_b", "a", "b")]
-    for state, path in zip(({"x.weight": torch.ones(4)}, {"x.weight": torch.zeros(4)}, a, b),
-                           paths):
-        if suffix == ".pt":
-            torch.save({"model": state, "step": 1}, path)
-        else:
-            save_file(state, str(path))
+    args = []
+    for suffix in SUFFIXES:
+        paths = [folder / f"{n}{suffix}" for n in ("small_a", "small_b", "a", "b")]
+        for state, path in zip(({"x.weight": torch.ones(4)}, {"x.weight": torch.zeros(4)}, a, b),
+                               paths):
+            if suffix == ".pt":
+                torch.save({"model": state, "step": 1}, path)
+            else:
+                save_file(state, str(path))
+        args += paths
     del a, b
-    size = paths[2].stat().st_size
+    run = subprocess.run([sys.executable, "-c", _MEASURE, *map(str, args)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()[-len(SUFFIXES):]
+    return {suffix: (json.loads(line), (folder / f"a{suffix}").stat().st_size)
+            for suffix, line in zip(SUFFIXES, lines)}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss in KiB on Linux")
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_streaming_peak_memory_stays_below_one_file(streamed, suffix):
+    result, size = streamed[suffix]
     assert size > 45e6
-    run = subprocess.run([sys.executable, "-c", _MEASURE, *map(str, paths)],
-                         capture_output=True, text=True, timeout=300, check=True)
-    result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["summary"]["tensors"] == 21 and result["summary"]["changed"] == 10
     grew = result["grew_kib"] * 1024
     assert grew < 1.0 * size, f"peak RSS grew by {grew / 2**20:.0f} MiB for two " \
@@ -467,6 +507,12 @@ DIAGKIT = str(Path(sys.executable).parent / "diagkit")
 
 
 def _cli(*args, cwd=None):
+    """`diagkit compare ARGS` in this process (tests/cli_inprocess.py)."""
+    return run_cli("compare", *args, cwd=cwd, timeout=300)
+
+
+def _console_script(*args, cwd=None):
+    """`diagkit compare ARGS`: the installed console script, in a process of its own."""
     return subprocess.run([DIAGKIT, "compare", *map(str, args)], capture_output=True,
                           text=True, cwd=cwd, timeout=300)
 
@@ -485,7 +531,10 @@ def test_cli_on_the_demo_pair(tmp_path):
     assert {"comparison.csv", "findings.json", "report.html"} <= {
         p.name for p in (tmp_path / "rep").iterdir()}
     assert json.loads((tmp_path / "rep" / "findings.json").read_text())["worst"] == "warning"
-    assert _cli(STEP2, STEP5).returncode == 0  # default --fail-on error
+    # the real console script, in a subprocess (the module's other CLI runs are in-process)
+    run = _console_script(STEP2, STEP5)
+    assert run.returncode == 0, run.stderr  # default --fail-on error
+    assert MEM in run.stdout and "12 unchanged" in run.stdout
 
 
 @pytest.mark.parametrize("case, words", [
