@@ -1,4 +1,8 @@
-"""`diagkit report` / `diagkit demo` end to end: papermill, offline HTML, a real Chromium."""
+"""`diagkit report` / `diagkit demo` end to end: papermill, offline HTML, a real Chromium.
+
+The console script runs `demo` and the `--nproc` report in subprocesses; the other reports and
+the bad inputs run the same CLI in this process (`run_cli`): their notebooks still run in real
+papermill kernels. One rendered report is read by several Chromium checks."""
 
 import json
 import re
@@ -9,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from browser import SPLIT_PIECES, chromium, open_page
+from cli_inprocess import run_cli
 
 DIAGKIT = str(Path(sys.executable).parent / "diagkit")
 needs_chromium = pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
@@ -29,6 +34,13 @@ def build():
 
 def broken():
     raise ValueError("the builder broke")
+
+def orphaned():
+    setup = build()
+    model = setup["model"]
+    model.add_module("left_out", nn.Linear(3, 3))  # trained, in no optimizer: an orphan
+    setup["loss_fn"] = lambda m, b: m.left_out(m[0](b)).sum()
+    return setup
 '''
 
 
@@ -54,13 +66,15 @@ def demo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory):
+    """One report (in this process) of a target with a hostile module name (an unused module)
+    and an orphan (an error finding), with --show-code: read by the exit code and files test
+    and by the escaping test in Chromium."""
     folder = tmp_path_factory.mktemp("hostile")
     (folder / "hostile.py").write_text(HOSTILE)
     out = folder / "report"
-    run = diagkit("report", f"{folder / 'hostile.py'}:build", "--out", str(out), "--steps", "2",
-                  "--fail-on", "never", cwd=folder)
-    assert run.returncode == 0, run.stderr
-    return out
+    run = run_cli("report", f"{folder / 'hostile.py'}:orphaned", "--out", str(out), "--steps",
+                  "2", "--show-code", cwd=folder)
+    return out, run
 
 
 def test_demo_writes_one_report_and_says_where(demo):
@@ -102,26 +116,28 @@ def test_report_html_is_self_contained(demo):
     assert "hl-ipython3" not in html  # code hidden by default
 
 
-def test_report_command_exit_codes_and_files(tmp_path):
+def test_report_command_exit_codes_and_files(hostile):
     """Exit 1 for an error finding (exit 0 for a clean report: the --nproc and checkpoint
     reports below), the tables beside the HTML, and --show-code."""
-    run = diagkit("report", "diagkit.demos:meta_memory", "--out", str(tmp_path / "m"),
-                  "--steps", "2", "--show-code")
+    out, run = hostile
     assert run.returncode == 1, run.stderr  # an orphan is an error finding
+    assert str((out / "report.html").resolve()) in run.stdout
     assert messages(run.stderr) == []  # --steps and out_dir are passed: no papermill warning
-    names = {p.name for p in (tmp_path / "m").iterdir()}
+    names = {p.name for p in out.iterdir()}
     assert {"report.html", "report.ipynb", "params.csv", "steps.csv", "findings.json"} <= names
-    findings = json.loads((tmp_path / "m" / "findings.json").read_text())
+    findings = json.loads((out / "findings.json").read_text())
     assert findings["worst"] == "error"
-    assert any(f["code"] == "orphan" for f in findings["findings"])
-    html = (tmp_path / "m" / "report.html").read_text()
+    assert any(f["code"] == "orphan" and "left_out" in f["module"]
+               for f in findings["findings"])
+    html = (out / "report.html").read_text()
     assert "hl-ipython3" in html and "check_parameters" in html
 
 
 def test_a_failing_cell_still_writes_the_report_and_fails(tmp_path):
     (tmp_path / "hostile.py").write_text(HOSTILE)
     out = tmp_path / "r"
-    run = diagkit("report", f"{tmp_path / 'hostile.py'}:broken", "--out", str(out), cwd=tmp_path)
+    run = run_cli("report", f"{tmp_path / 'hostile.py'}:broken", "--out", str(out),
+                  cwd=tmp_path)
     assert run.returncode == 2
     (last,) = messages(run.stderr)  # the promised one line, nothing else
     assert last.startswith("diagkit: error: report incomplete") and "the builder broke" in last
@@ -141,7 +157,7 @@ def test_a_failing_cell_still_writes_the_report_and_fails(tmp_path):
 ])
 def test_report_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, words):
     args = [a.replace("OUT", str(tmp_path / "out")) for a in args]
-    run = diagkit(*args, cwd=tmp_path)
+    run = run_cli(*args, cwd=tmp_path)  # refused before a kernel starts: no subprocess
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("diagkit: error:"), run.stderr
@@ -166,9 +182,10 @@ def test_demo_report_in_chromium(demo, tmp_path):
 
 @needs_chromium
 def test_hostile_names_are_escaped_in_chromium(hostile):
-    html = (hostile / "report.html").read_text()
+    out, _ = hostile
+    html = (out / "report.html").read_text()
     assert "<script>alert(1)</script>" not in html
-    dom, requests = open_page((hostile / "report.html").resolve().as_uri())
+    dom, requests = open_page((out / "report.html").resolve().as_uri())
     assert requests == []
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom  # shown as text, escaped
     assert "<script>alert" not in dom
@@ -185,7 +202,7 @@ def dies():
     return {"model": setup["model"], "optimizer": setup["optimizer"], "train_step": train_step}
 ''')
     out = tmp_path / "r"
-    run = diagkit("report", f"{tmp_path / 'dies.py'}:dies", "--out", str(out), cwd=tmp_path)
+    run = run_cli("report", f"{tmp_path / 'dies.py'}:dies", "--out", str(out), cwd=tmp_path)
     assert run.returncode == 2
     assert "report incomplete" in run.stderr.strip().splitlines()[-1]
     assert "This report is incomplete" in (out / "report.html").read_text()
@@ -206,7 +223,7 @@ def test_report_with_nproc_2_shows_the_per_rank_view(tmp_path):
 def test_report_with_a_checkpoint_shows_the_load_report_and_dead_bytes(tmp_path):
     ckpt = Path(__file__).resolve().parents[2] / "data" / "finetune_heads_pretrain.pt"
     out = tmp_path / "ft"
-    run = diagkit("report", "diagkit.demos:finetune_heads", "--checkpoint", str(ckpt),
+    run = run_cli("report", "diagkit.demos:finetune_heads", "--checkpoint", str(ckpt),
                   "--steps", "2", "--out", str(out))
     assert run.returncode == 0, run.stderr
     html = (out / "report.html").read_text()
@@ -235,36 +252,44 @@ WRITE_OUT = """
 })();
 </script>"""
 
+# One page load measures it all: each width set is laid out again when a box is asked for.
 MEASURE = """<script>
 (() => {  // at the end of the body: everything above is laid out when asked
-  document.body.style.width = '968px';  // JupyterLab's output area
+  const splits = """ + SPLIT_PIECES + """;
   document.body.style.margin = '0';
-  const out = [...document.querySelectorAll('table')].map(t => [
-    t.className || t.id, Math.round(t.getBoundingClientRect().width)]);""" + WRITE_OUT
+  const out = {splits: {}};
+  for (const width of WIDTHS) {
+    document.body.style.width = width + 'px';
+    if (width === 968) {  // JupyterLab's output area
+      out.tables = [...document.querySelectorAll('table')].map(t => [
+        t.className || t.id, Math.round(t.getBoundingClientRect().width)]);
+    }
+    // every table cell's pieces: does one run across a line break where none may?
+    out.splits[width] = splits(document);
+  }""" + WRITE_OUT
+WIDTHS = (968, 1400)
+
+
+@pytest.fixture(scope="module")
+def measured(demo, tmp_path_factory):
+    """The demo report laid out in one headless Chromium at each of WIDTHS."""
+    return measured_in_chromium(demo[0] / "report.html", tmp_path_factory.mktemp("measured"),
+                                MEASURE.replace("WIDTHS", json.dumps(list(WIDTHS))))
 
 
 @needs_chromium
-def test_wide_tables_fit_the_output_area(demo, tmp_path):
+def test_wide_tables_fit_the_output_area(measured):
     """At JupyterLab's 968 px output width the findings and wiring tables wrap long names
     and fixes instead of running off the side (issue: 1124 px and 1536 px)."""
-    measured = measured_in_chromium(demo[0] / "report.html", tmp_path, MEASURE)
-    assert len(measured) >= 6
-    too_wide = [(name, width) for name, width in measured if width > 968]
+    assert len(measured["tables"]) >= 6
+    too_wide = [(name, width) for name, width in measured["tables"] if width > 968]
     assert not too_wide
 
 
-SPLITS = """<script>
-(() => {  // every table cell's pieces: does one run across a line break where none may?
-  document.body.style.width = 'WIDTHpx';
-  document.body.style.margin = '0';
-  const out = """ + SPLIT_PIECES + """(document);""" + WRITE_OUT
-
-
 @needs_chromium
-@pytest.mark.parametrize("width", [968, 1400])
-def test_no_table_cell_splits_a_number_or_an_identifier(demo, tmp_path, width):
+@pytest.mark.parametrize("width", WIDTHS)
+def test_no_table_cell_splits_a_number_or_an_identifier(measured, width):
     """Measured in Chromium: every number, header and identifier in the report's tables stays
     on one line (a name may wrap after a dot); the tables still fit (the test above)."""
-    split = measured_in_chromium(demo[0] / "report.html", tmp_path,
-                                 SPLITS.replace("WIDTH", str(width)))
+    split = measured["splits"][str(width)]
     assert split == [], split[:40]

@@ -1,12 +1,17 @@
 """`diagkit report --from DIR`: render a saved diagnosis without running anything (issue 12,
-item 4). Real subprocesses: `check --save` (and `Diagnosis.save`) write the folders, `report
---from` renders them; bad folders and bad option mixes are one line, exit 2, no OUT."""
+item 4). `check --save` (and `Diagnosis.save`) write the folders, `report --from` renders them;
+bad folders and bad option mixes are one line, exit 2, no OUT. The `--nproc` check and one
+render run the console script in subprocesses; the rest run the CLI in this process
+(`run_cli`), the renders' notebooks still in real papermill kernels."""
 
 from __future__ import annotations
 
 import html
 import json
+import os
 import shutil
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,10 +19,24 @@ import pandas as pd
 import pytest
 
 import diagkit
+from cli_inprocess import run_cli
 from samples import failing_run
-from test_cli import assert_one_line_error, run
+from test_cli import assert_one_line_error
 
 CHECKPOINT = Path(__file__).resolve().parents[2] / "data" / "finetune_heads_pretrain.pt"
+DIAGKIT = Path(sys.executable).parent / "diagkit"
+
+
+def console(*args, cwd) -> subprocess.CompletedProcess:
+    """The real console script, in a subprocess (thread-safe: it may run beside `run_cli`)."""
+    env = {k: v for k, v in os.environ.items() if k != "DIAGKIT_DEBUG"}
+    return subprocess.run([str(DIAGKIT), *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def here(*args, cwd) -> subprocess.CompletedProcess:
+    """The command line in this process (`run_cli`)."""
+    return run_cli(*args, cwd=cwd, env={"DIAGKIT_DEBUG": None})
 
 
 @pytest.fixture(scope="module")
@@ -25,14 +44,13 @@ def saved(tmp_path_factory):
     """Saved diagnoses: a finetune run with a checkpoint and a 2-rank run (both by `check
     --save`), and a run whose step 1 failed (by `Diagnosis.save`)."""
     d = tmp_path_factory.mktemp("saved")
-    checks = {"ft": ["check", "diagkit.demos:finetune_heads", "--checkpoint", CHECKPOINT,
-                     "--steps", "2", "--save", "ft"],
-              "ranks": ["check", "diagkit.demos:rank_branch", "--nproc", "2", "--steps", "3",
-                        "--save", "ranks"]}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        procs = {k: pool.submit(run, *args, cwd=d) for k, args in checks.items()}
-        for name, proc in procs.items():
-            assert proc.result().returncode == 0, proc.result().stderr
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the torchrun job, while `ft` runs here
+        ranks = pool.submit(console, "check", "diagkit.demos:rank_branch", "--nproc", "2",
+                            "--steps", "3", "--save", "ranks", cwd=d)
+        ft = here("check", "diagkit.demos:finetune_heads", "--checkpoint", CHECKPOINT,
+                  "--steps", "2", "--save", "ft", cwd=d)
+        assert ft.returncode == 0, ft.stderr
+        assert ranks.result().returncode == 0, ranks.result().stderr
     failing_run(1).save(d / "failed")
     failing_run(1).save(d / "old")
     for table, added in (("params", ["placement", "stage", "skipped_steps"]),
@@ -44,14 +62,16 @@ def saved(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reports(saved):
-    """Each saved diagnosis rendered, concurrently; `ft` by a relative --from, from its folder."""
-    cases = {"ft": ["--from", "ft", "--out", "r_ft", "--fail-on", "warning"],
-             "ranks": ["--from", saved / "ranks", "--out", saved / "r_ranks"],
+    """Each saved diagnosis rendered; `ft` by a relative --from, from its folder, by the
+    console script (concurrently), the others by the CLI in this process."""
+    cases = {"ranks": ["--from", saved / "ranks", "--out", saved / "r_ranks"],
              "failed": ["--from", saved / "failed", "--out", saved / "r_failed"],
              "old": ["--from", saved / "old", "--out", saved / "r_old"]}
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        procs = {k: pool.submit(run, "report", *args, cwd=saved) for k, args in cases.items()}
-        return {k: p.result() for k, p in procs.items()}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        ft = pool.submit(console, "report", "--from", "ft", "--out", "r_ft", "--fail-on",
+                         "warning", cwd=saved)
+        done = {k: here("report", *args, cwd=saved) for k, args in cases.items()}
+        return {"ft": ft.result(), **done}
 
 
 def test_report_from_renders_the_saved_findings_and_verdicts(saved, reports):
@@ -171,13 +191,11 @@ def bad_runs(saved, tmp_path_factory):
     root = tmp_path_factory.mktemp("bad")
     _corrupt(saved, root)
 
-    def case(name, args):
+    def case(name, args):  # refused before a kernel starts: no subprocess needed
         spelled = [str(saved / "ft") if a == "SAVED" else str(root / f"out_{name}")
                    if a == "OUT" else a for a in args]
-        return run(*spelled, cwd=root)
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {name: pool.submit(case, name, args) for name, (args, _) in BAD.items()}
-        return root, {name: f.result() for name, f in futures.items()}
+        return here(*spelled, cwd=root)
+    return root, {name: case(name, args) for name, (args, _) in BAD.items()}
 
 
 @pytest.mark.parametrize("case", list(BAD))
