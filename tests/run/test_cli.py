@@ -1,8 +1,11 @@
-"""The real `diagkit` console script, run as a subprocess (SPEC 4 and 6): exit codes 0/1/2, one
-line on stderr for bad input, JSON output, a failing step, and the self-contained demo report.
+"""The `diagkit` command line (SPEC 4 and 6): exit codes 0/1/2, one line on stderr for bad
+input, JSON output, a failing step, and the self-contained demo report.
 
-Each process imports torch (a few seconds), so the bad-input cases run concurrently from one
-module-scoped fixture and every case uses `--steps 2`.
+The command line runs in this process (tests/cli_inprocess.py: what it prints, writes and exits
+with is what a process of it would), the bad-input cases from one module-scoped fixture; the
+real console script, in a subprocess that imports torch afresh (a few seconds), runs a whole
+check (test_check_meta_memory_exits_1_and_writes_json) and a bad option
+(test_bad_fail_on_value_is_exit_2). Every case uses `--steps 2`.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ import os
 import subprocess
 import sys
 import textwrap
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+
+from cli_inprocess import run_cli
 
 DIAGKIT = Path(sys.executable).parent / "diagkit"
 TIMEOUT = 300
@@ -63,9 +67,14 @@ HELPER = textwrap.dedent('''
 ''')
 
 
-def run(*args, cwd, env_extra=None) -> subprocess.CompletedProcess:
+def run(*args, cwd) -> subprocess.CompletedProcess:
+    """The command line, in this process."""
+    return run_cli(*args, cwd=cwd, env={"DIAGKIT_DEBUG": None}, timeout=TIMEOUT)
+
+
+def run_console_script(*args, cwd) -> subprocess.CompletedProcess:
+    """The real console script, in a subprocess."""
     env = {k: v for k, v in os.environ.items() if k != "DIAGKIT_DEBUG"}
-    env.update(env_extra or {})
     return subprocess.run([str(DIAGKIT), *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=TIMEOUT)
 
@@ -133,9 +142,7 @@ BAD_INPUTS = {
 
 @pytest.fixture(scope="module")
 def bad_runs(work):
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {name: pool.submit(run, *args, cwd=work) for name, args in BAD_INPUTS.items()}
-        return {name: f.result() for name, f in futures.items()}
+    return {name: run(*args, cwd=work) for name, args in BAD_INPUTS.items()}
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
@@ -185,7 +192,7 @@ def test_bad_input_writes_nothing(bad_runs, work):
 
 # ------------------------------------------------------------------ findings and exit codes
 def test_check_meta_memory_exits_1_and_writes_json(tmp_path):
-    proc = run("check", "diagkit.demos:meta_memory", "--steps", "2", "--json", "out.json",
+    proc = run_console_script("check", "diagkit.demos:meta_memory", "--steps", "2", "--json", "out.json",
                cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert "orphan" in proc.stdout
@@ -225,8 +232,8 @@ def test_fail_on_levels(tmp_path):
 
 
 def test_bad_fail_on_value_is_exit_2(tmp_path):
-    line = assert_one_line_error(run("check", "diagkit.demos:clean", "--fail-on", "fatal",
-                                     cwd=tmp_path))
+    line = assert_one_line_error(run_console_script("check", "diagkit.demos:clean",
+                                                    "--fail-on", "fatal", cwd=tmp_path))
     assert "--fail-on" in line
 
 
