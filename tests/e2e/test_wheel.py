@@ -37,52 +37,109 @@ def installed(tmp_path_factory) -> Path:
     return out / "site"
 
 
-def _run(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(site)}
+# What the tests ask of the installed wheel, in one process started far from the repository with
+# the wheel on PYTHONPATH (one interpreter and its imports instead of one a step): each step's
+# value, or its traceback, into results.json, so a step that fails fails its own test. The
+# commands are the console script's `main`, as `python -m diagkit.run.cli ...` runs it.
+FAR = """
+import contextlib, io, json, sys, traceback
+results = {}
+
+
+def step(name, fn):
+    try:
+        results[name] = {"value": fn()}
+    except BaseException:  # SystemExit included
+        results[name] = {"error": traceback.format_exc()}
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def imported():
+    import diagkit
+    return diagkit.__file__
+
+
+def compare_default():  # here no data/ is in the working folder: the wheel's copy is found
+    from diagkit.run import compare
+    return compare.check_parameters({})["checkpoint_a"]
+
+
+def cli(*args, capture=False):
+    from diagkit.run.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out) if capture else contextlib.nullcontext():
+        code = main(list(args))
+    return {"code": code, "stdout": out.getvalue()}
+
+
+def copied_notebooks_run():
+    import papermill
+    papermill.execute_notebook("mine/diagnose.ipynb", "d.ipynb", cwd="mine",
+                               kernel_name="python3", progress_bar=False,
+                               parameters=dict(steps=1, interactive=False,
+                                               target="diagkit.demos:finetune_heads",
+                                               checkpoint="data/finetune_heads_pretrain.pt",
+                                               out_dir="d"))
+    papermill.execute_notebook("mine/compare_checkpoints.ipynb", "c.ipynb", cwd="mine",
+                               kernel_name="python3", progress_bar=False,
+                               parameters=dict(out_dir="c"))
+
+
+step("imported", imported)
+step("compare_default", compare_default)
+step("notebooks", lambda: cli("notebooks", "mine", capture=True))
+step("copied_notebooks_run", copied_notebooks_run)
+step("demo", lambda: cli("demo", "--steps", "1", "--out", "demo"))
+with open("results.json", "w") as f:
+    json.dump(results, f)
+"""
+
+
+@pytest.fixture(scope="module")
+def far(installed, tmp_path_factory) -> tuple[Path, dict, subprocess.CompletedProcess]:
+    """FAR run once, in a folder of its own: (that folder, each step's result, the process)."""
+    folder = tmp_path_factory.mktemp("far")
+    env = {**os.environ, "PYTHONPATH": str(installed)}
     env.pop("DIAGKIT_NOTEBOOKS", None)
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", FAR], cwd=folder, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0 and (folder / "results.json").is_file(), proc.stderr[-3000:]
+    return folder, json.loads((folder / "results.json").read_text()), proc
 
 
-def test_the_wheel_is_the_one_imported(installed, tmp_path):
-    proc = _run(installed, tmp_path, "-c", "import diagkit; print(diagkit.__file__)")
-    assert proc.stdout.strip() == str(installed / "diagkit" / "__init__.py")
+def _value(far, name: str):
+    _, results, proc = far
+    assert "error" not in results[name], results[name]["error"] + proc.stderr[-2000:]
+    return results[name]["value"]
 
 
-def test_the_compare_notebook_finds_its_shipped_defaults(installed, tmp_path):
-    proc = _run(installed, tmp_path, "-c",
-                "from diagkit.run import compare; print(compare.check_parameters({})"
-                "['checkpoint_a'])")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == str(installed / "diagkit" / "_shipped" / "data" /
-                                      "meta_memory_step2.pt")
+def test_the_wheel_is_the_one_imported(installed, far):
+    assert _value(far, "imported") == str(installed / "diagkit" / "__init__.py")
 
 
-def test_notebooks_copied_out_of_the_wheel_run_and_demo_works(installed, tmp_path):
+def test_the_compare_notebook_finds_its_shipped_defaults(installed, far):
+    assert _value(far, "compare_default") == str(installed / "diagkit" / "_shipped" / "data" /
+                                                 "meta_memory_step2.pt")
+
+
+def test_notebooks_copied_out_of_the_wheel_run_and_demo_works(far):
     """`diagkit notebooks DIR`, then both notebooks run from DIR (the checkpoint spelling of
     docs/workbook.md, found among the wheel's demo files), and `diagkit demo` (the report
     runner, its three runs of the workbook), all far from the repo."""
-    proc = _run(installed, tmp_path, "-m", "diagkit.run.cli", "notebooks", "mine")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == [str(tmp_path / "mine" / n) for n in
-                                   ("compare_checkpoints.ipynb", "diagnose.ipynb")]
-    code = ("import papermill, sys\n"
-            "papermill.execute_notebook('mine/diagnose.ipynb', 'd.ipynb', cwd='mine',"
-            " kernel_name='python3', progress_bar=False, parameters=dict(steps=1,"
-            " interactive=False, target='diagkit.demos:finetune_heads',"
-            " checkpoint='data/finetune_heads_pretrain.pt', out_dir='d'))\n"
-            "papermill.execute_notebook('mine/compare_checkpoints.ipynb', 'c.ipynb', cwd='mine',"
-            " kernel_name='python3', progress_bar=False, parameters=dict(out_dir='c'))\n")
-    proc = _run(installed, tmp_path, "-c", code)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = far[0]
+    copied = _value(far, "notebooks")
+    assert copied["code"] == 0
+    assert copied["stdout"].split() == [str(folder / "mine" / n) for n in
+                                        ("compare_checkpoints.ipynb", "diagnose.ipynb")]
+    _value(far, "copied_notebooks_run")
     # papermill's cwd moved it into mine/: relative paths are from there (docs/workbook.md, "Paths")
-    assert json.loads((tmp_path / "mine" / "d" / "findings.json").read_text())["worst"] == \
+    assert json.loads((folder / "mine" / "d" / "findings.json").read_text())["worst"] == \
         "warning"
-    assert (tmp_path / "mine" / "c" / "comparison.csv").is_file()
-    proc = _run(installed, tmp_path, "-m", "diagkit.run.cli", "demo", "--steps", "1",
-                "--out", "demo")
-    assert proc.returncode in (0, 1), proc.stderr[-2000:]  # 1: the demos' findings
-    assert (tmp_path / "demo" / "report.html").stat().st_size > 10_000
+    assert (folder / "mine" / "c" / "comparison.csv").is_file()
+    demo = _value(far, "demo")
+    assert demo["code"] in (0, 1), far[2].stderr[-2000:]  # 1: the demos' findings
+    assert (folder / "demo" / "report.html").stat().st_size > 10_000
     # `diagkit report` from the wheel: the dead heads, from the shipped checkpoint
-    findings = json.loads((tmp_path / "demo" / "finetune_heads" / "findings.json").read_text())
+    findings = json.loads((folder / "demo" / "finetune_heads" / "findings.json").read_text())
     assert findings["worst"] == "warning"
