@@ -51,7 +51,9 @@ What differs from a real process, so which tests must stay a subprocess:
   sent here would hit pytest. **A timeout that ends the process** (`deadline`'s `os._exit(2)`
   when the main thread never comes back) would end the pytest worker. A `--timeout` whose
   main thread does come back (a hung batch, a build that sleeps) is fine here; it needs the
-  main thread, so `run_cli` refuses to run in any other.
+  main thread, so `run_cli` refuses to run in any other. One that expired while a call first
+  imports torch's pieces would leave them half imported in the worker, so before its first
+  call with `--timeout` a worker runs one whole check (`_warm_up`).
 - **`--nproc N`** (torchrun jobs): they start their own processes anyway, and the tests keep
   them whole; run them as a subprocess.
 - **The interpreter's set-up from the environment**: `PYTHONIOENCODING`, `PYTHONWARNINGS`,
@@ -67,6 +69,7 @@ subprocess.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import io
 import locale
@@ -105,6 +108,8 @@ def run_cli(*args, cwd=None, env=None, timeout=TIMEOUT) -> subprocess.CompletedP
                            "--timeout work only there)")
     argv = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
     from diagkit.run.cli import main
+    if any(a == "--timeout" or a.startswith("--timeout=") for a in argv):
+        _warm_up(main)
     with _process_state(argv, cwd, env), _captured() as out:
         with _interrupted_after(timeout) as expired:
             code = _call(main, argv)
@@ -112,6 +117,23 @@ def run_cli(*args, cwd=None, env=None, timeout=TIMEOUT) -> subprocess.CompletedP
         raise subprocess.TimeoutExpired(["diagkit", *argv], timeout, output=out["stdout"],
                                         stderr=out["stderr"])
     return subprocess.CompletedProcess(["diagkit", *argv], code, out["stdout"], out["stderr"])
+
+
+_WARM: list[bool] = []
+
+
+def _warm_up(main) -> None:
+    """Before this process's first call with `--timeout`: one whole check, its output dropped.
+    A `--timeout` that expires while a call imports torch's pieces for the first time (about
+    850 modules for a check; seconds under load) leaves them half imported in this worker, and
+    every later call here fails ("Only a single TORCH_LIBRARY can be used...", "module 'sympy'
+    has no attribute 'core'"); a real process would just have ended."""
+    if _WARM:
+        return
+    _WARM.append(True)
+    with _process_state(["check", "diagkit.demos:clean", "--steps", "1"], None, None), \
+            _captured():
+        _call(main, ["check", "diagkit.demos:clean", "--steps", "1"])
 
 
 @contextlib.contextmanager
@@ -273,12 +295,21 @@ def _ours(module) -> bool:
     """A module a call imported that a new process would not have kept: one from outside the
     repository and the interpreter's folders (a file target, its sibling modules)."""
     file = getattr(module, "__file__", None)
-    if not file:
-        return False
+    return bool(file) and _outside(file)
+
+
+@functools.lru_cache(maxsize=None)
+def _kept_folders() -> tuple[str, ...]:
+    return tuple({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+                 | {str(REPO)})
+
+
+@functools.lru_cache(maxsize=None)
+def _outside(file: str) -> bool:
+    """Cached: every call looks at each of ~1,100 modules twice (realpath on each was 0.2 CPU s
+    a call). A file target's path is written once per test folder, so the cache stays exact."""
     path = os.path.realpath(file)
-    keep = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    keep.add(str(REPO))
-    return not any(path == k or path.startswith(k + os.sep) for k in keep)
+    return not any(path == k or path.startswith(k + os.sep) for k in _kept_folders())
 
 
 @contextlib.contextmanager

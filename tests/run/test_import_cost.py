@@ -104,3 +104,18 @@ def test_a_typo_on_the_command_line_is_refused_before_torch_is_imported(tmp_path
     assert "no module named 'no_such_package_xyz.train'" in got["runs"][1][1]
     assert "no such file" in got["runs"][2][1]
     assert got["loaded"] == []
+
+
+def test_a_kernel_reading_its_parameters_cell_loads_no_notebook_schema():
+    """Every notebook kernel checks its own parameters against its parameters cell: reading
+    that cell must not bring nbformat and jsonschema (~1.3 CPU s per kernel at import)."""
+    got = fresh("""
+        import json, sys
+        from diagkit.run import contract
+        names = {n: list(contract.parameters(n)) for n in (contract.DIAGNOSE, contract.COMPARE)}
+        print(json.dumps({"names": names, "loaded": [m for m in ("nbformat", "jsonschema")
+                                                     if m in sys.modules]}))
+    """)
+    assert got["loaded"] == []
+    assert got["names"]["diagnose.ipynb"][0] == "target" and "steps" in got["names"]["diagnose.ipynb"]
+    assert got["names"]["compare_checkpoints.ipynb"]

@@ -17,11 +17,10 @@ import ast
 import dataclasses
 import functools
 import io
+import json
 import os
 import tokenize
 from pathlib import Path
-
-import nbformat
 
 from ..core.errors import DiagkitError
 from ..core.options import CHECKS, check_option
@@ -60,11 +59,24 @@ def parameters(notebook: str = DIAGNOSE) -> dict[str, Parameter]:
 
 @functools.lru_cache(maxsize=8)
 def _parse(path: str, _mtime: int) -> dict[str, Parameter]:
-    nb = nbformat.read(path, as_version=4)
-    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    cells = [c for c in _cells(path) if "parameters" in c.get("metadata", {}).get("tags", [])]
     if len(cells) != 1:
         raise DiagkitError(f"{path} must have exactly one cell tagged 'parameters'")
-    return parse_cell(cells[0].source, path)
+    source = cells[0].get("source", "")
+    return parse_cell(source if isinstance(source, str) else "".join(source), path)
+
+
+def _cells(path: str) -> list[dict]:
+    """A notebook's cells. A version-4 notebook (what diagkit ships and Jupyter writes) is
+    read as the JSON it is: every notebook kernel reads its own parameters cell, and nbformat
+    brings jsonschema, whose format checkers build their grammars at import (~1.3 CPU s per
+    kernel, and per `diagkit compare`). Older notebooks go through nbformat's upgrade."""
+    with open(path, encoding="utf-8") as f:
+        nb = json.load(f)
+    if not isinstance(nb, dict) or nb.get("nbformat") != 4:
+        import nbformat
+        nb = nbformat.read(path, as_version=4)
+    return nb.get("cells", [])
 
 
 def parse_cell(source: str, origin: str = "the parameters cell") -> dict[str, Parameter]:
