@@ -35,6 +35,7 @@ SLOW_UNIT = (
     "run/test_target_folder.py::test_cli_check_of_a_file_target_with_a_sibling_import",
     "run/test_printed.py::test_the_report_shows_printed_lines_last_and_folded",
     "present/test_explorer_fixes.py::test_picker_never_points_past_its_options_in_the_browser",
+    "present/test_source_wrapping.py",
     "test_no_leaks.py::test_a_browser_of_the_tests_leaves_nothing_in_the_temporary_folder",
 )
 

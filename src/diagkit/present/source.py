@@ -28,12 +28,25 @@ def short_path(file: str) -> str:
 def source_label(s: dict) -> str:
     """'optimizer 0 group 0 (AdamW), built at src/x.py:103' (no location when none is
     known: an optimizer handed to a Trainer from code diagkit could not read)."""
+    words, where = _label_parts(s)
+    return f"{words} {where}" if where else words
+
+
+def _label_parts(s: dict) -> tuple[str, str]:
     head = f"optimizer {s.get('optimizer')} group {s.get('group')} ({s.get('class', '?')})"
     how = _HOW.get(s.get("how"), "built at")
     if not s.get("file", "?"):
-        return f"{head}, {how.removesuffix(' at')}"
-    where = f"{short_path(str(s.get('file', '?')))}:{s.get('line', '?')}"
-    return f"{head}, {how} {where}"
+        return f"{head}, {how.removesuffix(' at')}", ""
+    return f"{head}, {how}", f"{short_path(str(s.get('file', '?')))}:{s.get('line', '?')}"
+
+
+def path_html(path: str) -> str:
+    """A path that wraps only after a '/': each part kept whole (a folder named
+    `my-project` was broken at its hyphen in a narrow table), a break allowed after each
+    slash (`<wbr>`: the copied text is the path itself)."""
+    parts = (f"<span style='white-space:nowrap'>{html.escape(p)}</span>" if p else ""
+             for p in path.split("/"))
+    return "/<wbr>".join(parts)
 
 
 def source_text(sources, indent: str) -> list[str]:
@@ -50,7 +63,12 @@ def source_html(sources) -> str:
     if not sources:
         return ""
     esc = html.escape
-    parts = [f'<div class="diagkit-source"><div style="margin-top:4px">{esc(source_label(s))}'
+    parts = [f'<div class="diagkit-source"><div style="margin-top:4px">{_label_html(s)}'
              f'</div><pre style="margin:2px 0;white-space:pre;overflow-x:auto;max-width:100%">'
              f'{esc(chr(10).join(s.get("lines") or ()))}</pre></div>' for s in sources]
     return "".join(parts)
+
+
+def _label_html(s: dict) -> str:
+    words, where = _label_parts(s)
+    return html.escape(words) + (f" {path_html(where)}" if where else "")
