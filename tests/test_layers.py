@@ -2,8 +2,9 @@
 (integrations -> run -> present -> judge -> measure -> core) and no module imports itself back
 through others. `integrations` (the framework callbacks, optional extras) sits on top of run.
 
-The one allowed upward edge is the display protocol: a result type's `_repr_html_` (IPython
-looks for it on the object) renders itself through `diagkit.present`, lazily.
+The one allowed upward edge is the display protocol: a result type's `_repr_html_` and
+`__str__` (IPython and print look for them on the object) render it through `diagkit.present`,
+lazily.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS = {"core": 0, "measure": 1, "judge": 2, "present": 3, "run": 4, "demos": 4,
           "integrations": 5}
-DISPLAY_METHODS = {"_repr_html_"}
+DISPLAY_METHODS = {"_repr_html_", "__str__"}
 
 
 def module_name(path: Path, root: Path) -> str:

@@ -2,8 +2,9 @@
 and the `LoadReport` they hold. Built once, complete, by `diagkit.run.pipeline` (or read back
 by `load`); nothing appends to them afterwards.
 
-A result shows itself in a notebook through `_repr_html_`, the one place this layer reaches up
-(lazily, to `diagkit.present`): IPython looks for that method on the object itself.
+A result shows itself through `_repr_html_` (a notebook) and `Diagnosis.__str__` (`print`), the
+one place this layer reaches up (lazily, to `diagkit.present`): Python and IPython look for
+those methods on the object itself.
 """
 
 from __future__ import annotations
@@ -186,6 +187,12 @@ class Diagnosis(_Judged):
     def _repr_html_(self) -> str:
         from ..present.sections import diagnosis_html  # the display protocol: see the docstring
         return diagnosis_html(self)
+
+    def __str__(self) -> str:
+        """What `print(diagnosis)` shows: the findings with their fixes, as `diagkit check`
+        prints them (the display protocol: see the module's docstring)."""
+        from ..present.text import render_findings
+        return render_findings(self)
 
     def __repr__(self) -> str:
         return (f"<Diagnosis {len(self.params)} tensors, {self.meta.get('steps_observed', 0)} "

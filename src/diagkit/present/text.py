@@ -5,8 +5,8 @@ from __future__ import annotations
 import textwrap
 from collections import Counter
 
-from ..core import severity
-from ..core.format import human_bytes
+from ..core import fixtext, severity
+from ..core.format import human_bytes, truncate_left
 from ..judge.verdicts import bytes_per_verdict
 from .sections import not_measured_line
 from .source import source_text
@@ -48,8 +48,7 @@ def render_findings(diag, width: int = 100) -> str:
         lines.append(f"{f.severity:<8}  {f.code:<22}  {where:<44}  {f.count:>7}  "
                      f"{human_bytes(f.bytes)}")
         lines += textwrap.wrap(f.message, width, initial_indent=indent, subsequent_indent=indent)
-        lines += textwrap.wrap("fix: " + f.fix, width, initial_indent=indent,
-                               subsequent_indent=indent + "     ", break_on_hyphens=False)
+        lines += fix_lines(f.fix, width, indent)
         lines += source_text(getattr(f, "source", ()), indent)
     if diag.checkpoint:
         lines.append("")
@@ -64,6 +63,35 @@ def render_findings(diag, width: int = 100) -> str:
     lines += textwrap.wrap(f"        static_graph possible: {sg.get('value')} "
                            f"({sg.get('evidence', '')}).", width, subsequent_indent="        ")
     return "\n".join(lines)
+
+
+def fix_lines(fix: str, width: int, indent: str) -> list[str]:
+    """A fix under its finding: words wrapped at `width`, code never wrapped (it is pasted)."""
+    parts = fixtext.parts(fix)
+    if len(parts) == 1 and parts[0][0] == "words":  # one line of words (or an older save's)
+        return textwrap.wrap("fix: " + parts[0][1], width, initial_indent=indent,
+                             subsequent_indent=indent + "     ", break_on_hyphens=False)
+    lines = [indent + "fix:"]
+    for kind, text in parts:
+        if kind == "code":
+            lines += [indent + "      " + line for line in text.splitlines()]
+        else:
+            lines += textwrap.wrap(text, width, initial_indent=indent + "  ",
+                                   subsequent_indent=indent + "  ", break_on_hyphens=False)
+    return lines
+
+
+def finding_line(f, step: int | None = None) -> str:
+    """One short line for a log or a chip: severity, verdict, where, from which step, the first
+    line of the fix. The whole message and fix stay in the diagnosis (README, "Reading a
+    finding"): a long line wraps mid-number in a notebook's output."""
+    where = truncate_left(f.module, 48) if f.module else ("the model" if f.count else "")
+    count = f" ({f.count} tensor{'s' * (f.count != 1)})" if f.count else ""
+    when = f" from step {step}" if step is not None else ""
+    fix = fixtext.first_line(f.fix)
+    fix = fix if len(fix) <= 110 else fix[:109] + "…"
+    return (f"diagkit: {f.severity}: {f.code}" + (f" in {where}{count}" if where else "")
+            + when + (f"; fix: {fix}" if fix else ""))
 
 
 def comparison_text(cmp, width: int = 100) -> str:
