@@ -58,7 +58,7 @@ def without_diagkit(source: str) -> str:
 def test_the_example_finds_exactly_its_planted_bug(example, tmp_path):
     done = run([sys.executable, str(EXAMPLES / example), "--output-dir", "out"], cwd=tmp_path)
     diag = diagkit.load(tmp_path / "out" / "diagkit")
-    assert repr(diag) in done.stdout  # the program prints what its callback found
+    assert str(diag) in done.stdout  # the program prints what its callback found
     assert diag.meta["steps_observed"] == 4 and diag.failure is None
     verdicts = diag.verdicts()
     planted = CASES[example][1]
