@@ -78,8 +78,9 @@ def test_the_whole_run_snippet_logs_the_orphan_at_the_step_and_saves_it(tmp_path
         watch_ends._end_live("stop")  # the snippet keeps no Watch: it would end at exit
     lines = [r.getMessage() for r in caplog.records if r.name == "diagkit"]
     assert lines[0].startswith("diagkit: step 500: wiring changed: backbone.0.weight")
-    assert lines[1].startswith("diagkit: step 501: orphan (error) in backbone (2 tensors)")
+    assert lines[1].startswith("diagkit: error: orphan in backbone (2 tensors) from step 501; "
+                               "fix: ")
     page = WHOLE_RUN.read_text()  # the log lines it shows are the ones logged
-    assert lines[0] in page and lines[1].split(", ...")[0][:120] in page
+    assert lines[0] in page and lines[1].split("; fix: ")[0] + "; fix: " in page
     (orphan,) = [f for f in diagkit.load(tmp_path / "diag").findings if f.code == "orphan"]
     assert (orphan.module, orphan.since) == ("backbone", 501)

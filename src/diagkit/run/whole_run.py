@@ -36,6 +36,7 @@ from ..measure.kept_steps import KeptSteps
 from ..measure.new_optimizers import NewOptimizers, shared
 from ..measure.unwrap import compiled
 from ..measure.wiring import Wiring
+from ..present.text import finding_line
 from .pipeline import Observation, judge_observation, untold_zeros
 from .whole_run_ranks import RankJoin
 
@@ -218,16 +219,14 @@ class WholeRun:
         self._say(as_finding(span), span.since)
 
     def _say(self, f, since: int) -> None:
-        """A new finding: one log line, `halt_on`, the user's `on_finding` (warnings and
-        errors only)."""
+        """A new finding: one log line (`present.text.finding_line`), `halt_on`, the user's
+        `on_finding` (warnings and errors only)."""
         if severity.rank(f.severity) < severity.rank("warning"):
             return
-        fix = f.fix.strip().splitlines()[0] if f.fix.strip() else ""
-        where = (f" in {f.module or 'the model'} ({f.count} tensor{'s' * (f.count != 1)})"
-                 if f.count else "")
-        line = (f"diagkit: step {since}: {f.code} ({f.severity}){where}: {f.message}"
-                + (f" Fix: {fix}" if fix else ""))
-        log.log(logging.ERROR if f.severity == "error" else logging.WARNING, "%s", line)
+        # One short line (severity, verdict, where, step, the first line of the fix): a
+        # notebook wraps a long one mid-number. The whole text stays in the diagnosis.
+        log.log(logging.ERROR if f.severity == "error" else logging.WARNING, "%s",
+                finding_line(f, since))
         if self.halt_on is not None and severity.rank(f.severity) >= severity.rank(self.halt_on):
             self.should_stop = True
         if self.on_finding is not None:
