@@ -36,7 +36,7 @@ def test_orphan_joins_its_neighbours_group():
     assert row["action"] == "join_group" and (row["optimizer"], row["group"]) == (0, 1)
     assert row["after"] == ("ok",) and row["helped"]
     after = p.after.params.set_index("name")
-    # the new group has the lr and decay of fc2.weight's group, and it trains now
+    # it joined fc2.weight's group (its lr, no decay), and it trains now
     assert after.loc["fc2.bias", "lr"] == 0.05 and after.loc["fc2.bias", "weight_decay"] == 0.0
     assert after.loc["fc2.bias", "changed_steps"] > 0
     # its grad_not_cleared goes with the orphan's fix; AdamW adds 2 x 4 B for its 3 elements

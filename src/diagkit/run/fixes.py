@@ -8,11 +8,10 @@ fresh copy's optimizers. Nothing here touches the objects the diagnosis was made
 
 from __future__ import annotations
 
-from collections import Counter
-
 import torch
 
 from ..core.errors import DiagkitError
+from ..judge.homes import home_groups
 from ..measure.inventory import take_inventory
 
 # verdict -> the action its fix is, in memory (`apply_plan`).
@@ -39,22 +38,14 @@ def plan_fixes(diag) -> dict:
             action = "covered"  # an optimizer's zero_grad clears it once it holds it
         fix = {"code": f.code, "severity": f.severity, "module": f.module,
                "names": list(f.params), "action": action, "bytes": int(f.bytes)}
-        if action == "join_group":
-            fix["optimizer"], fix["group"] = _neighbour_group(params, f.params)
+        if action == "join_group":  # the groups the orphan's fix names (`judge.homes`)
+            homes = home_groups(params, f.params)
+            fix["homes"] = {n: list(homes.get(n, (0, 0))) for n in f.params}
+            fix["optimizer"], fix["group"] = fix["homes"][f.params[0]] if f.params else [0, 0]
         fixes.append(fix)
     fup = (diag.advice or {}).get("find_unused_parameters", {})
     return {"fixes": fixes,
             "find_unused_parameters": bool(fup.get("after_fix", True)) if fup else None}
-
-
-def _neighbour_group(params, names) -> tuple[int, int]:
-    """The (optimizer, group) holding most of the tensors of the orphans' parent module;
-    else optimizer 0's first group."""
-    modules = set(params.loc[params["name"].isin(names), "module"])
-    siblings = params[params["module"].isin(modules) & ~params["name"].isin(names)]
-    pairs = Counter(tuple(p) for ms in siblings["memberships"] for p in ms[:1])
-    best = pairs.most_common(1)[0][0] if pairs else (0, 0)
-    return int(best[0]), int(best[1])
 
 
 def apply_plan(setup, plan: dict) -> list[dict]:
@@ -64,13 +55,15 @@ def apply_plan(setup, plan: dict) -> list[dict]:
     tensors = _by_name(setup)
     done = []
     for fix in plan["fixes"]:
-        found = [tensors[n] for n in fix["names"] if n in tensors]
+        found = {n: tensors[n] for n in fix["names"] if n in tensors}
         fix = {**fix, "dropped_bytes": 0, "added_bytes": 0}
         if fix["action"] in ("none", "covered") or not found:
             fix["applied"] = {"none": "no automatic fix", "covered": "fixed by the orphan's fix"
                               }.get(fix["action"], "no tensor of that name in the fresh copy")
+        elif fix["action"] == "join_group":
+            fix["applied"] = _join_group(setup.optimizers, found, fix)
         else:
-            fix["applied"] = _APPLY[fix["action"]](setup.optimizers, found, fix)
+            fix["applied"] = _APPLY[fix["action"]](setup.optimizers, list(found.values()), fix)
         done.append(fix)
     return done
 
@@ -133,17 +126,24 @@ def _drop(optimizers, tensors, fix, keep: set | None = None) -> int:
     return n
 
 
-def _join_group(optimizers, tensors, fix) -> str:
-    i, j = fix["optimizer"], fix["group"]
-    if i >= len(optimizers) or j >= len(optimizers[i].param_groups):
-        raise DiagkitError(f"--try-fix: optimizer {i} group {j} is not in the fresh copy")
-    opt = optimizers[i]
-    source = opt.param_groups[j]
-    group = {k: v for k, v in source.items() if k != "params"}
-    opt.add_param_group({"params": list(tensors), **group})
-    fix["added_bytes"] = sum(state_bytes(opt, group, t) for t in tensors)
-    return (f"new param group in optimizer {i} with group {j}'s lr {group.get('lr')} and "
-            f"weight decay {group.get('weight_decay', 0)}")
+def _join_group(optimizers, found: dict, fix) -> str:
+    """Each orphan (`found`: name -> tensor) into its home group itself (`judge.homes`), as
+    the pasted fix does: it takes that group's lr, weight decay and schedule."""
+    homes = fix.get("homes") or {}
+    joined: dict[tuple[int, int], list] = {}
+    for name, tensor in found.items():
+        i, j = homes.get(name, (fix["optimizer"], fix["group"]))
+        if i >= len(optimizers) or j >= len(optimizers[i].param_groups):
+            raise DiagkitError(f"--try-fix: optimizer {i} group {j} is not in the fresh copy")
+        joined.setdefault((i, j), []).append(tensor)
+    said = []
+    for (i, j), mine in sorted(joined.items()):
+        group = optimizers[i].param_groups[j]
+        group["params"].extend(mine)
+        fix["added_bytes"] += sum(state_bytes(optimizers[i], group, t) for t in mine)
+        said.append(f"joined optimizer {i} group {j} (lr {group.get('lr')}, weight decay "
+                    f"{group.get('weight_decay', 0)})")
+    return "; ".join(said)
 
 
 def _freeze_drop(optimizers, tensors, fix) -> str:
@@ -186,7 +186,7 @@ def _keep_first(optimizers, tensors, fix) -> str:
     return f"kept in optimizer {', '.join(map(str, sorted(firsts)))} only"
 
 
-_APPLY = {"join_group": _join_group, "freeze_drop": _freeze_drop, "drop": _drop_only,
+_APPLY = {"freeze_drop": _freeze_drop, "drop": _drop_only,
           "no_decay": _no_decay, "keep_first": _keep_first}
 
 
