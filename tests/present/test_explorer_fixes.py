@@ -64,7 +64,8 @@ def test_layout_does_not_follow_the_state(meta):
     c = w.controls
     for control in (c.verdicts, c.module, c.regex, c.metric, c.tensors):
         assert control.style.description_width == "64px"
-    filters, picker = w.children[:2]
+    at = list(w.children).index(c.tensors)        # under the findings, the filters row
+    filters, picker = w.children[at - 1:at + 1]
     assert list(filters.children) == [c.verdicts, filters.children[1]]
     middle = filters.children[1]
     assert list(middle.children) == [c.module, c.regex, c.metric, c.log]

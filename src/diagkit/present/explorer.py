@@ -1,16 +1,18 @@
 """The interactive explorer for a `Diagnosis` in JupyterLab (ipywidgets). Never measures.
 
     from diagkit.present.explorer import explore
-    explore(diag)            # filters, a per-step plot of the chosen tensors, the matching rows
+    explore(diag)            # the findings and their fixes, filters, a per-step plot of the
+                             # chosen tensors, the matching rows
 
 All decisions live in `ExplorerState` (`diagkit.present.explorer_state`); `Explorer` is the thin
 widget layer: each control sets one field of the state and redraws. The figure is a
-`matplotlib.figure.Figure` rendered to PNG into an `ipywidgets.Image`, so no pyplot backend is
-involved.
+`matplotlib.figure.Figure` rendered to PNG, shown as an <img> with its alt text in an
+`ipywidgets.HTML` (ipywidgets' Image has no alt text), so no pyplot backend is involved.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import io
 from types import SimpleNamespace
@@ -18,23 +20,32 @@ from types import SimpleNamespace
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from .explorer_state import MAX_OPTIONS, METRICS, ExplorerState
+from . import explorer_findings
+from .explorer_keys import keys_widget
+from .explorer_state import MAX_LINES, MAX_OPTIONS, METRICS, ExplorerState
+from .explorer_view import alt_text
 
 
 class Explorer(widgets.VBox):
-    """The ipywidgets front of an `ExplorerState`: `state`, `controls`, `refresh()`."""
+    """The ipywidgets front of an `ExplorerState`: `state`, `controls`, `refresh()`, and
+    `pick(finding)` (what a finding's button does). `timeline`: (figure, its alt text)."""
 
-    def __init__(self, state: ExplorerState, timeline: Figure | None = None, **kwargs):
+    def __init__(self, state: ExplorerState, timeline: tuple[Figure, str] | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.state = state
         self._syncing = False
         self._plot_key = None
         c = self.controls = _controls(state)
-        self.children = _arrange(c)
-        if timeline is not None:  # a whole-run watch: its findings over the run, on top
-            c.timeline = widgets.Image(value=_figure_png(timeline), format="png",
-                                       layout=widgets.Layout(width="auto", max_width="100%"))
-            self.children = [c.timeline, *self.children]
+        # The findings lead: the fixes first, the tools to look closer below them.
+        c.findings = explorer_findings.FindingsBox(state.findings, self.pick)
+        head = [c.findings]
+        if timeline is not None:  # a whole-run watch: its findings over the run
+            c.timeline = widgets.HTML(value=_img_html(*timeline), layout=widgets.Layout(
+                width="auto"))
+            head.append(c.timeline)
+        c.keys = keys_widget()   # keys typed in the explorer stay in it (JupyterLab)
+        self.children = [*head, *_arrange(c), c.keys]
         self.add_class("diagkit-explorer")
         for name, control in vars(c).items():
             control.add_class(f"diagkit-explorer-{name}")
@@ -51,6 +62,21 @@ class Explorer(widgets.VBox):
                 self.refresh()
         return on_change
 
+    def pick(self, finding) -> None:
+        """A finding's button: its tensors plotted, the filters set to show them
+        (`explorer_findings.pick`), the filter controls showing what was set."""
+        if not explorer_findings.pick(self.state, finding):
+            return
+        state, c = self.state, self.controls
+        self._syncing = True
+        try:
+            c.verdicts.value = tuple(v for _, v in c.verdicts.options if v in state.verdicts)
+            c.module.value = state.module_prefix
+            c.regex.value = state.name_regex
+        finally:
+            self._syncing = False
+        self.refresh()
+
     def refresh(self) -> None:
         """Push the state into the widgets: picker choices, status, table, plot."""
         state, c = self.state, self.controls
@@ -62,7 +88,7 @@ class Explorer(widgets.VBox):
             key = (state.metric, tuple(state.selected), state.log_scale,
                    len(state.filtered_params()) == 0)
             if key != self._plot_key:
-                c.plot.value = _figure_png(state.figure())
+                c.plot.value = _img_html(state.figure(), alt_text(state, max_lines=MAX_LINES))
                 self._plot_key = key
         finally:
             self._syncing = False
@@ -99,7 +125,7 @@ def _controls(state: ExplorerState) -> SimpleNamespace:
         tensors=widgets.SelectMultiple(options=[], rows=8, description="tensors",
                                        style=_LABEL, layout=full),
         status=widgets.HTML(layout=full),
-        plot=widgets.Image(format="png", layout=widgets.Layout(width="auto", max_width="100%")),
+        plot=widgets.HTML(layout=full),
         table=widgets.HTML(layout=full),
     )
 
@@ -116,7 +142,8 @@ def _arrange(c: SimpleNamespace) -> list:
 
 class Reloadable(widgets.VBox):
     """An explorer of a saved folder that a running job still writes: a line saying which save
-    it shows, a reload button, the explorer. `reload()` -> (a new explorer, its line)."""
+    it shows, a reload button, the explorer. `reload()` -> (a new explorer, or None when the
+    folder holds no newer save: the one shown stays; and the line to show)."""
 
     def __init__(self, reload, explorer, line: str, **kwargs):
         super().__init__(**kwargs)
@@ -130,14 +157,17 @@ class Reloadable(widgets.VBox):
         self.children = [widgets.HBox([self.button, self.line]), explorer]
 
     def reload(self) -> None:
-        """Read the folder again; a failure is the line, the explorer shown stays."""
+        """Read the folder again; a failure is the line, the explorer shown stays. The line
+        always changes (it says when it looked), so that a click is never without an answer."""
         try:
-            self.explorer, line = self._reload()
+            explorer, line = self._reload()
         except Exception as exc:
             self.line.value = html.escape(f"could not reload: {exc}")
             return
         self.line.value = html.escape(line)
-        self.children = [self.children[0], self.explorer]
+        if explorer is not None:
+            self.explorer = explorer
+            self.children = [self.children[0], self.explorer]
 
 
 def _set_choices(picker: widgets.SelectMultiple, choices: list, value: tuple) -> None:
@@ -161,17 +191,22 @@ def explore(diag, top: int = 6) -> Explorer:
     return Explorer(state, timeline=_timeline(diag))
 
 
-def _timeline(diag) -> Figure | None:
-    """The timeline figure of a whole-run watch (`present.timeline`); None for any other run."""
+def _timeline(diag) -> tuple[Figure, str] | None:
+    """The timeline figure of a whole-run watch (`present.timeline`) and its alt text; None
+    for any other run."""
     meta = getattr(diag, "meta", None) or {}
     if "events" not in meta:  # not a whole-run watch: no change was looked for
         return None
-    from .timeline import timeline_figure, timeline_table
-    return timeline_figure(timeline_table(diag), meta["events"],
-                           meta.get("optimizer_steps"))
+    from .timeline import timeline_alt, timeline_figure, timeline_table
+    spans = timeline_table(diag)
+    return (timeline_figure(spans, meta["events"], meta.get("optimizer_steps")),
+            timeline_alt(spans, meta["events"]))
 
 
-def _figure_png(fig: Figure, dpi: int = 96) -> bytes:
+def _img_html(fig: Figure, alt: str, dpi: int = 96) -> str:
+    """The figure as a PNG <img> with its alt text, never wider than the output area."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return (f"<img src='data:image/png;base64,{data}' alt='{html.escape(alt, quote=True)}' "
+            "style='display:block;max-width:100%;height:auto'>")

@@ -1,39 +1,26 @@
 """The explorer's state: filters, ordering and default selection over the two result tables,
 as a plain object testable without a kernel (widgets: `diagkit.present.explorer`; drawing the
-plot, the status line and the HTML table: `diagkit.present.explorer_view`). Presents only;
-never measures.
+plot, the status line and the HTML table: `diagkit.present.explorer_view`; the per-step data:
+`diagkit.present.explorer_data`; the findings on top: `diagkit.present.explorer_findings`).
+Presents only; never measures.
 """
 
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
 from ..core import severity
-from ..judge.verdicts import severity_of, worst_verdict_severity
-from ..measure.aggregate import fold_ranks
-from . import explorer_view
+from ..judge.findings import sort_findings
+from ..judge.verdicts import worst_verdict_severity
+from . import explorer_choices, explorer_view
+from .explorer_data import METRICS, StepData
 
-METRICS: dict[str, str] = {
-    "grad_norm": "L2 norm of the step's own gradient",
-    "grad_total_norm": "L2 norm of the .grad the optimizer sees",
-    "delta_norm": "L2 norm of the step's change",
-    "update_ratio": "change / norm of the value before",
-}
 MAX_OPTIONS = 500    # the tensor picker offers at most this many names
 MAX_LINES = 40       # the plot draws at most this many tensors (the legend: explorer_view)
-
-
-class Options(NamedTuple):
-    """What the tensor picker offers: (label, name) pairs, how many matched, and a note."""
-
-    choices: list[tuple[str, str]]
-    total: int
-    note: str
 
 
 class ExplorerState:
@@ -45,13 +32,18 @@ class ExplorerState:
     reported in `message` and filters nothing). `metric` is one of `METRICS`; `selected` is the
     tensors plotted: set it to a list of names, or to None/[] for the default, the `top`
     problem tensors of the current filter that have data for the metric (then the ok ones
-    with the most of it).
+    with the most of it). `findings`: the diagnosis' findings, worst first (shown on top;
+    `explorer_findings.pick` points the filters and the plot at one).
+
+    Notes for the status line, each true until the next change of any field: `unpicked` (the
+    last picked tensor was just taken off the pick), `picked_finding` (a finding was picked).
     """
 
     def __init__(self, params: pd.DataFrame, steps: pd.DataFrame, *, top: int = 6,
-                 failure=None):
+                 failure=None, findings=()):
         self.top = int(top)
         self.failure = failure
+        self.findings = sort_findings(list(findings or ()))
         verdicts = [_as_verdicts(v) for v in params["verdicts"]] if "verdicts" in params else \
             [("ok",)] * len(params)
         rank = np.array([severity.rank(worst_verdict_severity(vs)) for vs in verdicts], dtype=int)
@@ -68,7 +60,8 @@ class ExplorerState:
             for v in vs:
                 self._verdict_mask.setdefault(v, np.zeros(len(self.params), dtype=bool))[i] = True
         self.steps = steps
-        self._wide: pd.DataFrame | None = None   # step x (metric, name), built once on demand
+        self.data = StepData(steps)   # step x (metric, name), built once on demand
+        self._index = {n: i for i, n in enumerate(self._names)}
         self._filter_cache: tuple | None = None
         self._verdicts_filter: frozenset[str] = frozenset()
         self._module_prefix = ""
@@ -77,12 +70,20 @@ class ExplorerState:
         self.regex_error: str | None = None
         self._metric = "grad_norm"
         self._explicit: list[str] | None = None
-        self.unpicked = False  # the last picked tensor was just taken off the pick
-        self.log_scale = True
+        self._log_scale = True
+        self.unpicked = False
+        self.picked_finding = None
 
     @classmethod
     def from_diagnosis(cls, diag, top: int = 6) -> "ExplorerState":
-        return cls(diag.params, diag.steps, top=top, failure=getattr(diag, "failure", None))
+        return cls(diag.params, diag.steps, top=top, failure=getattr(diag, "failure", None),
+                   findings=getattr(diag, "findings", ()))
+
+    def _changed(self) -> None:
+        """Any field set: the one-change notes of the status line are said no more (a note
+        that stayed on after the next change contradicted what the explorer then showed)."""
+        self.unpicked = False
+        self.picked_finding = None
 
     # ------------------------------------------------------------------ fields
     @property
@@ -91,6 +92,7 @@ class ExplorerState:
 
     @verdicts.setter
     def verdicts(self, value) -> None:
+        self._changed()
         self._verdicts_filter = frozenset([value] if isinstance(value, str) else value or ())
 
     @property
@@ -99,6 +101,7 @@ class ExplorerState:
 
     @module_prefix.setter
     def module_prefix(self, value) -> None:
+        self._changed()
         self._module_prefix = (value or "").strip()
 
     @property
@@ -107,6 +110,7 @@ class ExplorerState:
 
     @name_regex.setter
     def name_regex(self, value) -> None:
+        self._changed()
         self._name_regex = value or ""
         self._regex, self.regex_error = None, None
         if self._name_regex:
@@ -124,7 +128,17 @@ class ExplorerState:
     def metric(self, value: str) -> None:
         if value not in METRICS:
             raise ValueError(f"metric must be one of {', '.join(METRICS)}; got {value!r}")
+        self._changed()
         self._metric = value
+
+    @property
+    def log_scale(self) -> bool:
+        return self._log_scale
+
+    @log_scale.setter
+    def log_scale(self, value) -> None:
+        self._changed()
+        self._log_scale = bool(value)
 
     @property
     def selected(self) -> list[str]:
@@ -140,24 +154,29 @@ class ExplorerState:
     @selected.setter
     def selected(self, value) -> None:
         picked = bool(self._explicit)
+        self._changed()
         self._explicit = [str(n) for n in value] if value else None
         # the last pick taken off (ctrl-click): the plot goes back to the default, and says so
         self.unpicked = picked and not value
 
+    def verdicts_of(self, name: str) -> tuple[str, ...]:
+        """The verdicts of tensor `name` (() for a name the diagnosis does not hold)."""
+        i = self._index.get(name)
+        return () if i is None else self._verdicts[i]
+
+    def module_of(self, name: str) -> str | None:
+        """The module that holds tensor `name` (None for a name the diagnosis does not hold)."""
+        i = self._index.get(name)
+        return None if i is None else self._modules.iloc[i]
+
     # ------------------------------------------------------------------ choices
     def verdict_choices(self) -> list[tuple[str, str]]:
         """(label with count, verdict) for every verdict present, most severe first."""
-        present = sorted(self._verdict_mask, key=lambda v: (
-            v == "ok", -severity.rank(severity_of(v)), v))
-        return [(f"{v} ({int(self._verdict_mask[v].sum()):,})", v) for v in present]
+        return explorer_choices.verdict_choices(self._verdict_mask)
 
     def module_choices(self) -> list[str]:
         """Every module subtree that holds a tensor, shortest first."""
-        found = set()
-        for module in pd.unique(self._modules):
-            parts = module.split(".") if module else []
-            found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
-        return sorted(found, key=lambda m: (m.count("."), m))
+        return explorer_choices.module_choices(self._modules)
 
     # ------------------------------------------------------------------ queries
     def filtered_params(self) -> pd.DataFrame:
@@ -192,33 +211,13 @@ class ExplorerState:
 
     def series(self) -> pd.DataFrame:
         """The metric per step (rows) for each selected tensor (columns, in selection order)."""
-        selected = self.selected
-        wide = self._wide_table()
-        if self._metric in wide.columns.get_level_values(0):
-            table = wide[self._metric]
-        else:
-            table = pd.DataFrame(index=wide.index)
-        out = table.reindex(columns=selected)
-        out.columns.name = "name"
-        return out
+        return self.data.series(self._metric, self.selected)
 
-    def options(self) -> Options:
+    def options(self) -> "explorer_choices.Options":
         """The tensor picker's choices: filtered names (capped), plus anything selected."""
         rows = self._filtered()[0]
-        shown = list(rows[:MAX_OPTIONS])
-        names = {self._names[i] for i in shown}
-        index = {n: i for i, n in enumerate(self._names)}
-        shown += [index[n] for n in self.selected if n not in names and n in index]
-        choices = [(self._label(i), self._names[i]) for i in shown]
-        total = len(rows)
-        if total == 0:
-            note = "no tensor matches the filters"
-        elif total > MAX_OPTIONS:
-            note = (f"the picker lists the first {MAX_OPTIONS:,} of {total:,} matching tensors "
-                    f"(problems first); narrow the filters to reach the others")
-        else:
-            note = ""
-        return Options(choices, total, note)
+        return explorer_choices.options(rows, self.selected, self._index, self._label,
+                                        self._names, MAX_OPTIONS)
 
     @property
     def message(self) -> str:
@@ -267,29 +266,8 @@ class ExplorerState:
         self._filter_cache = (key, result)
         return result
 
-    def _wide_table(self) -> pd.DataFrame:
-        """step x (metric, name), built from the steps table once."""
-        if self._wide is None:
-            s = self.steps
-            if not len(s) or "step" not in s or "name" not in s:
-                self._wide = pd.DataFrame(
-                    index=pd.Index([], name="step"),
-                    columns=pd.MultiIndex.from_arrays([[], []], names=[None, "name"]))
-            else:
-                s = fold_ranks(s)  # one row per (step, tensor)
-                cols = {m: (pd.to_numeric(s[m], errors="coerce").to_numpy(dtype=float)
-                            if m in s else np.full(len(s), np.nan)) for m in METRICS}
-                index = pd.MultiIndex.from_arrays(
-                    [s["step"].to_numpy(), s["name"].astype(str).to_numpy(dtype=object)],
-                    names=["step", "name"])
-                self._wide = pd.DataFrame(cols, index=index).unstack("name").sort_index()
-        return self._wide
-
     def _has_data(self) -> dict[str, bool]:
-        wide = self._wide_table()
-        if self._metric not in wide.columns.get_level_values(0):
-            return {}
-        return wide[self._metric].notna().any().to_dict()
+        return self.data.has_data(self._metric)
 
 
 # ---------------------------------------------------------------------- helpers

@@ -80,6 +80,29 @@ def figure(state, *, max_lines: int, ylabel: str) -> Figure:
     return fig
 
 
+def alt_text(state, *, max_lines: int, most: int = 8) -> str:
+    """The plot in words, for its alt text: the metric, the scale, the steps, and each drawn
+    tensor's first and last value (at most `most` of them named); or why there is nothing."""
+    data = state.series()
+    names = list(data.columns)[:max_lines]
+    values = data[names].to_numpy(dtype=float) if names else np.empty((0, 0))
+    if not np.isfinite(values).any():
+        return f"Plot of {state.metric} per step: no data: {why_empty(state, names)}."
+    steps = data.index.to_numpy()
+    scale = "log" if state.log_scale else "linear"
+    said = []
+    for j, name in enumerate(names[:most]):
+        column = values[:, j][np.isfinite(values[:, j])]
+        verdicts = [v for v in state.verdicts_of(name) if v != "ok"]
+        label = name + (f" ({', '.join(verdicts)})" if verdicts else "")
+        said.append(f"{label}: no value" if not len(column) else
+                    f"{label}: {column[0]:.3g} to {column[-1]:.3g}")
+    more = f"; and {len(names) - most} more" if len(names) > most else ""
+    return (f"Plot of {state.metric} per step ({scale} scale), steps {steps.min()} to "
+            f"{steps.max()}, {len(names)} tensor{'s' * (len(names) != 1)}, first to last "
+            f"value: " + "; ".join(said) + more + ".")
+
+
 def _draw_lines(ax, state, steps, names, values, finite) -> tuple[list, list[str]]:
     """Plot one line per name (problems bold, with their verdicts in the label); returns the
     (handles, labels) for the legend, so that the caller decides whether to show one."""
@@ -122,12 +145,7 @@ def why_empty(state, names: list[str]) -> str:
 def metrics_with_data(state, names: list[str]) -> list[str]:
     """The metrics (in the state's order) with a value for any of `names`: what the user can
     switch to when the chosen metric has nothing to draw."""
-    wide = state._wide_table()
-    found = []
-    for metric in wide.columns.get_level_values(0).unique():
-        if wide[metric].reindex(columns=names).notna().to_numpy().any():
-            found.append(metric)
-    return found
+    return state.data.metrics_with_data(names)
 
 
 # ---------------------------------------------------------------------- the status line
@@ -147,9 +165,11 @@ def status_text(state, *, max_lines: int) -> str:
     if not len(state.steps):
         parts.append("the steps table is empty: no step was observed")
     selected = state.selected
-    if getattr(state, "unpicked", False):
-        parts.append("no tensor is picked now: the plot is back to the default selection "
-                     f"({state.top} problem tensors of the filter first)")
+    if state.picked_finding is not None and matching:
+        parts.append(_picked_finding(state, selected))
+    if state.unpicked and matching:  # nothing matching: nothing to go back to
+        parts.append("no tensor is picked now: the plot is back to the default selection ("
+                     + _composition(state, selected) + ")")
     if len(selected) > max_lines:
         parts.append(f"plotting the first {max_lines} of {len(selected)} selected tensors")
     parts += _hidden_problems(state, selected)
@@ -157,6 +177,29 @@ def status_text(state, *, max_lines: int) -> str:
     if note and matching:
         parts.append(note)
     return "; ".join(parts)
+
+
+def _composition(state, names: list[str]) -> str:
+    """'2 problem tensors and 4 ok ones': what a selection holds, counted by what they are
+    (the default selection holds ok tensors too when the filter has few problems)."""
+    problems = sum(1 for n in names if any(v != "ok" for v in state.verdicts_of(n)))
+    ok = len(names) - problems
+    said = [f"{problems} problem tensor{'s' * (problems != 1)}"] if problems else []
+    if ok:
+        said.append(f"{ok} ok tensor{'s' * (ok != 1)}" if not said else
+                    f"{ok} ok one{'s' * (ok != 1)}")
+    return " and ".join(said) or "no tensor"
+
+
+def _picked_finding(state, selected: list[str]) -> str:
+    """What picking a finding did: its tensors plotted, and the filters it set."""
+    f = state.picked_finding
+    where = f" in {f.module}" if f.module else ""
+    shown = f"{len(selected)} tensor{'s' * (len(selected) != 1)}"
+    filters = [f"verdict {f.code}"] if state.verdicts else []
+    filters += [f"module {state.module_prefix}"] if state.module_prefix else []
+    return (f"finding picked: {f.code}{where}: its {shown} plotted"
+            + (f", the filters set to its {' and '.join(filters)}" if filters else ""))
 
 
 def _hidden_problems(state, selected: list[str]) -> list[str]:
