@@ -100,9 +100,8 @@ def test_rank_demos_are_deterministic():
         "diagkit.demos:forward_arg").batch_fn()[0])
 
 
-def test_single_process_rank_view_is_a_note():
-    assert rank_view(diagnose("clean", steps=1)) == (
-        '<p class="diagkit-ranks">single process: no per-rank view.</p>')
+def test_single_process_rank_view_is_empty():
+    assert rank_view(diagnose("clean", steps=1)) == ""  # the report folds the section away
 
 
 # ------------------------------------------------------------------ two processes (gloo)

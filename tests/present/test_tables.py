@@ -8,11 +8,11 @@ import types
 
 import pytest
 
-from diagkit.core import severity
+from diagkit.core import fixtext, severity
 from diagkit.core.format import human_bytes
 from diagkit.core.result import Finding
 from diagkit.judge.verdicts import severity_of
-from diagkit.present import ranks, sections, tables
+from diagkit.present import html_text, ranks, sections, tables
 from samples import HOSTILE, MEM, demo, failing_run, hostile_diag, synthetic
 
 DEMOS = ["meta_memory", "finetune_heads", "clean"]
@@ -20,9 +20,17 @@ CMIM = ["cmim_decoder.0.weight", "cmim_decoder.0.bias", "cmim_decoder.2.weight",
         "cmim_decoder.2.bias"]
 
 
+NBSP = "\u00a0"
+
+
 def chips(banner: str) -> list[str]:
     """The verdict names in the banner, in order."""
-    return re.findall(r"<b>([^<]+)</b> \d+ tensors?", banner)
+    return re.findall(r"<b>([^<]+)</b> \d+\u00a0tensors?", banner)
+
+
+def spaced(text: str) -> str:
+    """Text as read: a non-breaking space (between a number and its unit) as a space."""
+    return text.replace(NBSP, " ")
 
 
 # ------------------------------------------------------------------ banner
@@ -30,17 +38,17 @@ def test_banner_names_the_orphan_worst_first():
     d = demo("meta_memory")
     banner = sections.verdict_banner(d)
     assert chips(banner) == ["orphan", "grad_not_cleared", "ok"]  # error, warning, ok
-    assert "<b>orphan</b> 1 tensor, 512 B" in banner
+    assert f"<b>orphan</b> 1{NBSP}tensor, 512{NBSP}B" in banner  # numbers keep their units
     assert severity.COLORS["error"][0] in banner.split("orphan")[0].rsplit("<span", 1)[1]
     total = human_bytes(int(d.params["bytes"].sum()))
-    assert f"20 tensors, {total}, 5 steps observed" in banner
+    assert f"20 tensors, {total}, 5 steps observed" in spaced(banner)
     assert "failed" not in banner
 
 
 def test_banner_on_the_other_demos():
     banner = sections.verdict_banner(demo("finetune_heads"))
     assert chips(banner) == ["unused", "ok"]
-    assert "<b>unused</b> 8 tensors, 18.6 KiB" in banner
+    assert "<b>unused</b> 8 tensors, 18.6 KiB" in spaced(banner)
     assert chips(sections.verdict_banner(demo("clean"))) == ["ok"]
 
 
@@ -49,8 +57,8 @@ def test_banner_says_which_step_failed_escaped():
     assert "failed at step 0: RuntimeError: boom &lt;b&gt;bad&lt;/b&gt;. No step completed." \
         in banner
     assert "<b>bad</b>" not in banner
-    assert "0 steps observed" in banner
-    banner = sections.verdict_banner(failing_run(2))
+    assert "0 steps observed" in spaced(banner)
+    banner = spaced(sections.verdict_banner(failing_run(2)))
     assert "failed at step 2" in banner and "The 2 steps before it are kept" in banner
     assert "2 steps observed" in banner
 
@@ -63,7 +71,7 @@ def test_banner_lists_every_severity_in_order():
     assert set(names) == {"stalled", "orphan", "grad_not_cleared", "unused", "ok"}
     ranks = [("ok", "info", "warning", "error").index(severity_of(v)) for v in names]
     assert ranks == sorted(ranks, reverse=True) and names[-1] == "ok"
-    assert "200 steps observed" in banner
+    assert "200 steps observed" in spaced(banner)
 
 
 # ------------------------------------------------------------------ findings
@@ -75,9 +83,32 @@ def test_findings_table_has_every_code_and_escaped_fix(name):
         assert "No findings" in out and "<table" not in out
     for f in d.findings:
         assert f">{f.code}</td>" in out
-        assert f"<code style='white-space:pre-wrap'>{html.escape(f.fix)}</code>" in out
-        assert human_bytes(f.bytes) in out
-    assert out.count("<tr class=") == len(d.findings)
+        for kind, text in fixtext.parts(f.fix):  # words as prose, each code block as a <pre>
+            shown = f">{html.escape(text)}</pre>" if kind == "code" else html_text.prose(text)
+            assert shown in out, (kind, text)
+        assert human_bytes(f.bytes).replace(" ", NBSP) in out
+    # each finding, then its fix the whole width of the table under it
+    assert len(re.findall(r'<tr class="(?:error|warning|info)">', out)) == len(d.findings)
+    assert out.count('<tr class="diagkit-fix-row"><td colspan="5"') == len(d.findings)
+    assert "<button" not in out  # no copy button unless the page runs script
+
+
+def test_a_fix_reads_as_words_and_code_blocks_with_copy_buttons():
+    fix = fixtext.compose(("Add it to an optimizer:",
+                           'optimizer.add_param_group({"params": [model.w]})'),
+                          ("Or, if it should stay fixed, freeze it:",
+                           "for p in [model.w]:\n    p.requires_grad_(False)"))
+    out = html_text.fix_html(fix, copy=True)
+    assert re.findall(r"<pre[^>]*>(.*?)</pre>", out, re.S) == [
+        "optimizer.add_param_group({&quot;params&quot;: [model.w]})",
+        "for p in [model.w]:\n    p.requires_grad_(False)"]
+    assert out.count('class="diagkit-copy"') == 2 and "white-space:pre-wrap" in out
+    assert "Or, if it should stay fixed, freeze it:</p>" in out
+    old = html_text.fix_html("Include it: `optimizer.add_param_group(x)` or freeze it")
+    assert "<pre" not in old and "<code>optimizer.add_param_group(x)</code>" in old
+    assert html_text.keep_units("8.0 KiB of 3 steps, from step 3; 3 tensors") == \
+        f"8.0{NBSP}KiB of 3{NBSP}steps, from step{NBSP}3; 3{NBSP}tensors"
+    assert 'onclick=' in sections.diagnosis_html(demo("meta_memory"))  # the live repr copies
 
 
 def test_findings_table_worst_first():
@@ -85,7 +116,7 @@ def test_findings_table_worst_first():
     warn = Finding("unused", "warning", ("b.w",), "m", "f", "b", 1, 10)
     err = Finding("orphan", "error", ("c.w",), "m", "f", "c", 1, 1)
     out = sections.findings_table([info, warn, err])
-    assert re.findall(r'<tr class="(\w+)">', out) == ["error", "warning", "info"]
+    assert re.findall(r'<tr class="(error|warning|info)">', out) == ["error", "warning", "info"]
 
 
 def test_findings_table_escapes_names_and_marks_code():
@@ -169,11 +200,21 @@ def test_module_rollup_at_scale():
                                            > roll["worst"][roll["worst"] != "ok"].index.max()).all()
 
 
+def test_module_table_shows_sizes_as_everywhere_else():
+    params = demo("finetune_heads").params
+    styler = tables.module_table(params)
+    roll = tables.module_rollup(params)
+    assert list(styler.data["bytes"]) == [human_bytes(b) for b in roll["bytes"]]
+    assert list(styler.data.columns[:5]) == ["module", "worst", "tensors", "bytes", "trainable"]
+    out = styler.to_html()
+    assert f"8.2{NBSP}KiB" in out and severity.COLORS["warning"][0] in out
+
+
 # ------------------------------------------------------------------ advice
 def test_advice_html_for_dead_heads():
     out = sections.advice_html(demo("finetune_heads").advice)
     assert "find_unused_parameters=True" in out
-    assert "cmim_decoder.0.weight" in out and "18.6 KiB" in out
+    assert "cmim_decoder.0.weight" in out and "18.6 KiB" in spaced(out)
     assert "then use find_unused_parameters=False" in out
     assert "static_graph=True is possible" in out
 
@@ -210,13 +251,14 @@ def test_a_fix_in_prose_shows_its_quoted_code_as_code_not_backticks():
     from diagkit.core.result import Finding
     prose = Finding("nothing_changed", "info", (), "m",
                     "check that `optimizer.step()` is reached <here>", module="")
-    code = Finding("orphan", "error", ("a",), "m", "opt.add_param_group({'params': [p]})",
+    code = Finding("orphan", "error", ("a",), "m",
+                   fixtext.compose(("Add it:", "opt.add_param_group({'params': [p]})")),
                    module="a")
     out = sections.findings_table([prose, code])
     assert "`" not in out
     assert "check that <code>optimizer.step()</code> is reached &lt;here&gt;" in out
-    assert "<code style='white-space:pre-wrap'>opt.add_param_group({&#x27;params&#x27;: [p]})" \
-        in out
+    assert re.search(r"<pre [^>]*>opt.add_param_group\(\{&#x27;params&#x27;: \[p\]\}\)</pre>",
+                     out)
 
 
 def test_the_wiring_table_shows_the_stage_only_when_the_ranks_hold_different_tensors():

@@ -38,11 +38,12 @@ def rank_view(diag, limit: int = 50) -> str:
     first step after which its values diverged, and the largest relative checksum spread
     ((max - min) / max |checksum| over the ranks; inf when one rank's is NaN). Values that
     diverged come first (earliest, then widest), then the rank-dependent use. At most `limit`
-    rows, then "and N more". A single-process run has nothing to compare: a short note.
+    rows, then "and N more". A single-process run has nothing to compare: '' (the report
+    folds an empty section into one line with the others).
     """
     steps = getattr(diag, "steps", diag)
     if steps is None or "rank" not in steps.columns:
-        return '<p class="diagkit-ranks">single process: no per-rank view.</p>'
+        return ""
     has_checksum = "checksum" in steps.columns
     cols = ["step", "name", "rank", "used"] + (["checksum"] if has_checksum else [])
     s = steps[cols].copy()

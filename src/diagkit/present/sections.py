@@ -5,7 +5,6 @@ every one of them is escaped; nothing emitted holds a script or refers outside t
 from __future__ import annotations
 
 import html
-import re
 
 import numpy as np
 import pandas as pd
@@ -13,15 +12,17 @@ import pandas as pd
 from ..core import severity
 from ..core.format import dotted_breaks, human_bytes
 from ..judge.verdicts import NO_OPTIMIZER, bytes_per_verdict, severity_of
+from .html_text import fix_html, keep_units, prose
 from .source import source_html
 
 _LEFT = "text-align:left;vertical-align:top"
 
 
 def diagnosis_html(diag) -> str:
-    """The notebook summary of a `Diagnosis`: the report's banner, findings and advice."""
-    return (f"<div class='diagkit'>{verdict_banner(diag)}{findings_table(diag.findings)}"
-            f"{advice_html(diag.advice)}</div>")
+    """The notebook summary of a `Diagnosis`: the report's banner, findings and advice. A
+    live notebook runs script, so each block of code has its copy button."""
+    return (f"<div class='diagkit'>{verdict_banner(diag)}"
+            f"{findings_table(diag.findings, copy=True)}{advice_html(diag.advice)}</div>")
 
 
 def severity_chip(level: str, inner: str) -> str:
@@ -37,8 +38,8 @@ def verdict_banner(diag) -> str:
     params = diag.params
     sizes = pd.to_numeric(params["bytes"], errors="coerce").fillna(0).astype(np.int64)
     chips = "".join(
-        severity_chip(severity_of(v),
-                      f"<b>{esc(v)}</b> {n} tensor{'s' if n != 1 else ''}, {human_bytes(b)}")
+        severity_chip(severity_of(v), keep_units(
+                      f"<b>{esc(v)}</b> {n} tensor{'s' if n != 1 else ''}, {human_bytes(b)}"))
         for v, (n, b) in bytes_per_verdict(params).items())
     steps = (diag.meta or {}).get("steps_observed")
     if steps is None:
@@ -58,7 +59,8 @@ def verdict_banner(diag) -> str:
         f'<p class="diagkit-failure error" style="margin:4px 0;padding:4px 8px;'
         f'background:{red[0]};color:{red[1]};font-weight:bold">{line}</p>' for line in lines)
     return (f'<div class="diagkit-banner banner"><div>{chips}</div>'
-            f'<p style="margin:4px 0">{total}</p>{_not_measured_html(diag)}{alarms}</div>')
+            f'<p style="margin:4px 0">{keep_units(total)}</p>{_not_measured_html(diag)}{alarms}'
+            '</div>')
 
 
 def _not_measured_html(diag) -> str:
@@ -90,26 +92,12 @@ def not_measured_line(diag) -> str:
     return " ".join(parts)
 
 
-_BACKTICKS = re.compile(r"`([^`]+)`")
-
-
-def _prose(text: str) -> str:
-    """Escape, then show `quoted names` as code."""
-    return _BACKTICKS.sub(r"<code>\1</code>", html.escape(str(text)))
-
-
-def _fix_html(fix: str) -> str:
-    """A fix is code (shown as a block), or prose that quotes code in `backticks` (the
-    comparison's fixes): then the quoted parts are code, never literal backticks."""
-    if "`" in str(fix):
-        return _prose(fix)
-    return (f"<div style='overflow-x:auto'><code style='white-space:pre-wrap'>"
-            f"{html.escape(str(fix))}</code></div>")
-
-
-def findings_table(findings) -> str:
-    """One row per finding, worst first: severity, verdict, where, tensors, bytes, message and
-    the fix as code."""
+def findings_table(findings, copy: bool = False) -> str:
+    """Two rows per finding, worst first: severity, verdict, where, tensors, bytes and the
+    message; then, the whole width of the table under it, the fix (words, and each block of
+    code to paste, with a copy button when `copy`: the page runs script) and the lines that
+    built the optimizer group. Code gets the full width and wraps: readable at 968 px without
+    a sideways scroll bar."""
     if not findings:
         return '<p class="diagkit-findings">No findings: every tensor is wired correctly.</p>'
     esc = html.escape
@@ -121,28 +109,29 @@ def findings_table(findings) -> str:
         where = f.module or ("(whole model)" if f.count else "—")
         rows.append(
             f'<tr class="{esc(f.severity)}">'
-            f'<td style="background:{bg};color:{fg};font-weight:bold;{_LEFT}">'
+            f'<td rowspan="2" style="background:{bg};color:{fg};font-weight:bold;{_LEFT}">'
             f"{esc(f.severity)}</td><td style='{_LEFT}'>{esc(f.code)}</td>"
-            f"<td style='{_LEFT};min-width:12em'>{dotted_breaks(esc(where))}</td>"
+            f"<td style='{_LEFT}'>{dotted_breaks(esc(where))}</td>"
             f"<td style='text-align:right;vertical-align:top'>{int(f.count or 0)}</td>"
             f"<td style='text-align:right;vertical-align:top;white-space:nowrap'>"
-            f"{human_bytes(int(f.bytes or 0))}</td><td style='{_LEFT}'>{_prose(f.message)}</td>"
-            f"<td style='{_LEFT}'>{_fix_html(f.fix)}"
+            f"{keep_units(human_bytes(int(f.bytes or 0)))}</td>"
+            f"<td style='{_LEFT}'>{prose(f.message)}</td></tr>"
+            f'<tr class="diagkit-fix-row"><td colspan="5" class="diagkit-fix" '
+            f"style='{_LEFT};padding-bottom:10px'>{fix_html(f.fix, copy)}"
             f"{source_html(getattr(f, 'source', ()))}</td></tr>")
     # Inline styles: the notebook's own CSS right-aligns table cells and would win over a class.
     head = "".join(f"<th style='{_LEFT}'>{h}</th>" for h in
-                   ("severity", "verdict", "where", "tensors", "bytes", "finding", "fix"))
+                   ("severity", "verdict", "where", "tensors", "bytes", "finding and fix"))
     # A fixed layout with set widths fits the output area (968 px in JupyterLab): the prose
-    # and the fix wrap inside their columns instead of widening the table.
+    # wraps inside its column instead of widening the table.
     cols = "".join(f'<col style="width:{w}">' for w in _FINDINGS_WIDTHS)
     return (f'<table class="diagkit-findings" style="width:100%;table-layout:fixed">'
             f"<colgroup>{cols}</colgroup><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
-# A fix wraps between its words and scrolls in its own box where one identifier is wider
-# than the column; never broken inside one.
-_FINDINGS_WIDTHS = ("6.5em", "12em", "15%", "4.5em", "6em", "30%", "auto")
+# Names wrap after their dots, prose between words; never inside a number or an identifier.
+_FINDINGS_WIDTHS = ("6.5em", "11em", "20%", "4.5em", "5.5em", "auto")
 
 
 def _names_list(names, most: int = 8) -> str:
@@ -185,13 +174,14 @@ def advice_html(advice: dict) -> str:
         possible = bool(sg.get("value"))
         parts.append(f"<p><b>static_graph=True {'is possible' if possible else 'is not possible'}"
                      f"</b>: {esc(str(sg.get('evidence', '')))}.</p>")
-    return f'<div class="diagkit-advice">{"".join(parts)}</div>'
+    return keep_units(f'<div class="diagkit-advice">{"".join(parts)}</div>')
 
 
 def checkpoint_html(checkpoint: dict | None, limit: int = 30) -> str:
-    """What loading the checkpoint did, and its dead bytes (diag.checkpoint)."""
+    """What loading the checkpoint did, and its dead bytes (diag.checkpoint); '' when no
+    checkpoint was loaded."""
     if not checkpoint:
-        return "<p>No checkpoint was loaded.</p>"
+        return ""  # nothing to show: the report folds this section into one line
     esc = html.escape
     load = checkpoint.get("load", {})
     parts = [f"<p>{esc(checkpoint.get('summary', ''))}.</p>"]
@@ -217,7 +207,7 @@ def checkpoint_html(checkpoint: dict | None, limit: int = 30) -> str:
         more = f"<p>and {len(problems) - limit} more.</p>" if len(problems) > limit else ""
         parts.append(f"<table><tr><th>tensor</th><th>not loaded because</th></tr>{rows}</table>"
                      + more)
-    return "".join(parts)
+    return keep_units("".join(parts))
 
 
 def printed_html(text: str, most: int = 200) -> str:

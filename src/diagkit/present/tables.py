@@ -13,6 +13,7 @@ import pandas as pd
 from ..core import severity
 from ..core.format import dotted_breaks, fmt_number, fmt_shape, human_bytes
 from ..judge.verdicts import VERDICTS, severity_of
+from .html_text import keep_units
 from .ranking import problems_first, row_severity, subtree_labels
 
 
@@ -89,12 +90,13 @@ def wiring_table(params: pd.DataFrame, limit: int = 200):
 def style_rows(view: pd.DataFrame, colours: list[tuple[str, str]], column: str,
                caption: str):
     """The report's table look: escaped cells, one column coloured per row by severity,
-    numbers right-aligned, the first two columns (names) left-aligned, a caption on top."""
+    numbers right-aligned and kept with their units ('8.0 KiB' never wraps), the first two
+    columns (names) left-aligned, a caption on top."""
     def colour(_column: pd.Series) -> list[str]:
         return [f"background-color:{bg};color:{fg}" for bg, fg in colours]
 
     names = [c for c in view.columns[:1]]  # a dotted name may wrap after its dots
-    return (view.style.format(escape="html")
+    return (view.style.format(lambda v: keep_units(html.escape(str(v))))
             .format(lambda v: dotted_breaks(html.escape(str(v))), subset=names)
             .relabel_index([_header(c) for c in view.columns], axis="columns")
             .apply(colour, subset=[column])
@@ -107,7 +109,7 @@ def style_rows(view: pd.DataFrame, colours: list[tuple[str, str]], column: str,
                 {"selector": "", "props": "max-width:100%"},
                 {"selector": "td, th", "props": "overflow-wrap:normal;word-break:normal"},
                 {"selector": "td", "props": "text-align:right;padding:2px 4px"},
-                {"selector": "td.col0, td.col1", "props": "text-align:left"},
+                {"selector": "td.col0, td.col1, th.col0, th.col1", "props": "text-align:left"},
                 {"selector": "caption", "props": "caption-side:top;text-align:left"}]))
 
 
@@ -152,3 +154,20 @@ def module_rollup(params: pd.DataFrame, depth: int = 1) -> pd.DataFrame:
     columns = ["tensors", "bytes", "trainable", "worst"] + present
     out = out[columns].astype({c: np.int64 for c in columns if c != "worst"})
     return out.rename_axis("module").reset_index()
+
+
+def module_table(params: pd.DataFrame, depth: int = 1):
+    """`module_rollup` as the notebook shows it: the worst severity coloured, sizes in KiB /
+    MiB as everywhere else (the rollup itself keeps bytes as numbers), problems first."""
+    roll = module_rollup(params, depth)
+    counts = [c for c in roll.columns if c not in ("module", "worst", "tensors", "bytes",
+                                                    "trainable")]
+    show = pd.DataFrame({
+        "module": roll["module"].astype(str), "worst": roll["worst"].astype(str),
+        "tensors": roll["tensors"], "bytes": roll["bytes"].map(human_bytes),
+        "trainable": roll["trainable"], **{c: roll[c] for c in counts},
+    }).astype(object)
+    colours = [severity.COLORS[w] for w in roll["worst"]]
+    caption = (f"{len(roll)} module subtree{'s' if len(roll) != 1 else ''} {depth} level"
+               f"{'s' if depth != 1 else ''} deep, problems first; a count per verdict")
+    return style_rows(show, colours, "worst", caption)
