@@ -68,6 +68,12 @@ class StepRecords:
         copy._rows = self._rows[:]
         return copy
 
+    def tail(self, start: int) -> list[tuple[int, np.ndarray | None, dict[str, np.ndarray]]]:
+        """The records from the `start`-th on, each as (step, the tensors it holds (indices
+        into `names`; None: all), its columns): what the live view reads of the steps it has
+        not seen yet, without building the table again (`diagkit.run.live_trail`)."""
+        return list(zip(self._step_ids[start:], self._rows[start:], self._records[start:]))
+
     def _names_of(self, i: int) -> np.ndarray:
         names = np.array(self.names, dtype=object)
         return names if self._rows[i] is None else names[self._rows[i]]

@@ -63,6 +63,30 @@ def started(w) -> None:
         logging.getLogger("diagkit").warning(OFF_MAIN_THREAD)
 
 
+def replace_earlier(w, model, optimizers) -> None:
+    """A watch still on over the same optimizers (any in common, by identity), or, with none,
+    the same model's tensors, is stopped, and one line says so: a notebook cell run again
+    starts a second watch, and two watches on one optimizer would observe each step twice
+    (docs/workbook.md, "The live view")."""
+    if optimizers:
+        mine, what = {id(o) for o in optimizers}, "optimizer"
+    else:
+        mine, what = {id(t) for t in model.parameters()}, "model"
+    for ref in list(_LIVE):
+        old = ref()
+        if old is None or old is w or old.done:
+            continue
+        theirs = ({id(o) for o in old.optimizers} if optimizers else
+                  {id(t) for t in getattr(old.inventory, "tensors", ())})
+        if (optimizers and not old.optimizers) or not mine & theirs:
+            continue
+        observed = old.clock.observed if old.clock is not None else 0
+        of = "" if old.steps is None else f" of {old.steps}"
+        old.stop()
+        report(f"diagkit: stopped the earlier watch on this {what} ({observed}{of} steps "
+               f"observed; its diagnosis stays in it): this one replaces it")
+
+
 def ended(w) -> None:
     """`w` has ended and saved (however it ended): forget it. The last one gives the signals
     back, or hands on one that came while it was saving."""
