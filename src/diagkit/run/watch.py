@@ -115,6 +115,7 @@ class Watch:
         (or an engine diagkit refuses); anything else is diagkit's own failure (`__init__`)."""
         steps, every = self.steps, self.every
         inner, self.wrappers, optimizers = unwrapped(model, optimizer_or_list)
+        watch_ends.replace_earlier(self, inner, optimizers)  # a cell run again: one watch
         self.entry = compiled_entry(model)  # a compiled model's forward hook: on its wrapper
         self.inventory = take_inventory(inner, optimizers)
         # where the groups were built: recorded by a callback as the trainer built them, or
