@@ -93,7 +93,7 @@ def test_layers_in_a_plain_list_are_one_finding_named_by_the_list_and_its_fix_wo
     assert finding.module == "layers" and finding.count == 4
     assert finding.message.startswith("a set of 4 tensors in `layers`")
     assert " is held by an optimizer" in finding.message
-    assert "self.layers = nn.ModuleList([...])" in finding.fix
+    assert "    self.layers = nn.ModuleList(self.layers)" in finding.fix
     # the fix pasted: the same layers, registered; the optimizers as they were
     torch.manual_seed(0)
     net = PlainListNet(registered=True)

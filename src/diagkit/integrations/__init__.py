@@ -119,14 +119,15 @@ class Attachment:
         return sources_for(recorder, unwrapped)
 
     def start(self, model, optimizers, *, main_process: bool, say, first_step: int = 0,
-              sources=None) -> Watch | None:
+              sources=None, names=None) -> Watch | None:
         """Watch `model` under `optimizers`, or say in one line (`say(line)`: the framework's
         logger) why not and let training go on unwatched (None): training has begun, and a
         long job must never die of its diagnostic tool. Only the main process writes `out`
-        (`_watch`)."""
+        (`_watch`). `names`: what a fix calls the model and the optimizers there
+        (`meta["names"]`: `trainer.model`, ...), as the user reaches them after training."""
         self.refusal = None
         try:
-            return self._watch(model, optimizers, main_process, first_step, sources)
+            return self._watch(model, optimizers, main_process, first_step, sources, names)
         except Exception as exc:  # a refusal (DiagkitError) or diagkit's own failure
             self.watch, self.refusal = None, (f"diagkit: not watching this run: "
                                               f"{type(exc).__name__}: {brief(exc, 600)}")
@@ -134,7 +135,8 @@ class Attachment:
                 say(self.refusal + " (training goes on unwatched)")
             return None
 
-    def _watch(self, model, optimizers, main_process: bool, first_step: int, sources) -> Watch:
+    def _watch(self, model, optimizers, main_process: bool, first_step: int, sources,
+               names=None) -> Watch:
         """`start`'s watch. Under a process group watch itself leaves `out` to rank 0 (every
         rank must still watch, to be gathered); without one (several processes that share no
         group) the others get no `out`. `first_step`: the trainer's global step (a resumed run
@@ -155,7 +157,7 @@ class Attachment:
         options["on_finding"] = lambda finding: self._alert(finding, users)
         self.alerts = []
         self.watch = Watch(model, optimizers, **options, first_step=first_step,
-                           sources=sources or None)
+                           sources=sources or None, names=names)
         return self.watch
 
     def _alert(self, finding, users) -> None:

@@ -56,9 +56,11 @@ def callback_class(package: str, module: str, install: str) -> type:
                 warnings.warn(f"diagkit: this DiagkitCallback is {top}'s but the Trainer is "
                               f"{theirs}'s; import it from diagkit.integrations.{theirs}",
                               stacklevel=2)
-            self._run.start(pl_module, list(trainer.optimizers),
-                            main_process=trainer.is_global_zero, first_step=trainer.global_step,
-                            say=warn)
+            optimizers = list(trainer.optimizers)
+            names = {"model": "trainer.lightning_module",  # what a fix calls them
+                     "optimizers": [f"trainer.optimizers[{i}]" for i in range(len(optimizers))]}
+            self._run.start(pl_module, optimizers, main_process=trainer.is_global_zero,
+                            first_step=trainer.global_step, say=warn, names=names)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             """A whole-run watch's new findings reach `trainer.logger` and the progress bar,

@@ -31,6 +31,10 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 logger = hf_logging.get_logger("transformers.integrations.diagkit")
 
 
+# What a fix calls the model and the optimizer: the Trainer's, as a notebook reaches them.
+NAMES = {"model": "trainer.model", "optimizers": ["trainer.optimizer"]}
+
+
 class DiagkitCallback(TrainerCallback, Watching):
     """Watch the Trainer's training run. Keyword arguments are `diagkit.watch`'s (`steps`,
     `every`, `delta`, `sample`, `out`, ...), passed to it unchanged and checked now.
@@ -65,7 +69,8 @@ class DiagkitCallback(TrainerCallback, Watching):
         origin = getattr(self, "_origin", None) or OptimizerOrigin()
         sources = origin.records(self._run.end_recording([optimizer]), optimizer, model)
         self._run.start(model, optimizer, main_process=state.is_world_process_zero,
-                        first_step=state.global_step, sources=sources, say=logger.warning)
+                        first_step=state.global_step, sources=sources, say=logger.warning,
+                        names=NAMES)
 
     def on_step_end(self, args, state, control, **kwargs):
         """A whole-run watch's new findings reach `Trainer.log` (TensorBoard, W&B, MLflow:

@@ -27,12 +27,17 @@ _DDP_REDUCTION_ERROR = "Expected to have finished reduction"  # DDP's refusal of
 class FindingContext:
     """What an explanation may read beside its group and the folded steps (as
     `group.attrs["context"]`): the steps as each rank observed them (`by_rank`), the wrappers
-    the model was given in (`wrappers`, None when not known) and DDP's facts (`ddp`, see
-    `measure.ddp_facts`). Shared, never copied: pandas deep-copies a frame's attrs on every
-    operation."""
+    the model was given in (`wrappers`, None when not known), DDP's facts (`ddp`, see
+    `measure.ddp_facts`) and the user's names for the model and the optimizers (`names`,
+    `meta["names"]` of a watch: `judge.wording.roots`; None: `model`, `optimizer`), and the
+    whole params table (`params`: which groups fit an orphan, `judge.homes`). Shared, never
+    copied: pandas deep-copies a frame's attrs on every operation."""
 
-    def __init__(self, by_rank: pd.DataFrame, wrappers=None, ddp=None):
+    def __init__(self, by_rank: pd.DataFrame, wrappers=None, ddp=None, names=None,
+                 params: pd.DataFrame | None = None):
         self.by_rank, self.wrappers, self.ddp = by_rank, wrappers, ddp or {}
+        self.names = names if isinstance(names, dict) else {}
+        self.params = params
 
     def __deepcopy__(self, memo):
         return self
@@ -44,10 +49,10 @@ def build_findings(params: pd.DataFrame, steps: pd.DataFrame, check_errors=(),
     """Every finding of a run: DDP's own refusal of unused tensors first, then worst first the
     step that failed, the rules that crashed, one per verdict per subtree, and `extra` (a
     checkpoint's). `sources`: where each optimizer group was built (`judge.sources`);
-    `context`: `wrappers` and `ddp` for `FindingContext`."""
+    `context`: `wrappers`, `ddp` and `names` for `FindingContext`."""
     findings = _failure_findings(failure, check_errors)
     verdicts = params["verdicts"]
-    shared = FindingContext(steps, **(context or {}))
+    shared = FindingContext(steps, **(context or {}), params=params)
     steps = fold_ranks(steps)
     run_level = params.attrs.get(RUN_VERDICTS, ())
     for code, v in VERDICTS.items():

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..core.fixtext import compose
+from ..measure.cells import place
 from .wording import params_expr
 
 # The framework hooks in which a user builds the optimizer a trainer then uses.
@@ -34,7 +36,7 @@ def user_hook(group) -> tuple[str, str] | None:
         theirs = _installed(record.get("file", "")) or "lever" in record  # a Trainer's own
         for function, file, line in ([] if theirs else frames):
             if function in _HOOKS:
-                return function, f"{Path(file).name}:{line}"
+                return function, _at(record, file, line)
     return None
 
 
@@ -45,9 +47,11 @@ def hook_root(hook: str) -> str:
     return "self.model" if hook == "create_optimizer" else "self"
 
 
-def trainer_lever(label: str, group, expr: str, freeze: str) -> tuple[str, str] | None:
+def trainer_lever(label: str, group, joined: tuple, freeze: tuple) -> tuple[str, str] | None:
     """(what the message adds, the fix) for an orphan under the HF Trainer's optimizer,
-    handed in (`optimizers=`) or built by the Trainer itself; None for any other optimizer."""
+    handed in (`optimizers=`) or built by the Trainer itself; None for any other optimizer.
+    `joined`, `freeze`: the (words, code) alternatives that put the tensors in the groups that
+    fit them, or freeze them (`judge.fix_code`)."""
     records = [r for r in group.attrs.get("sources") or ()
                if r.get("lever") in ("optimizers", "trainer")]
     if not records:
@@ -56,52 +60,55 @@ def trainer_lever(label: str, group, expr: str, freeze: str) -> tuple[str, str] 
     seen = {key: sorted({n for r in records for n in r.get(key) or ()} & set(names))
             for key in ("frozen_then", "absent_then")}
     if records[0]["lever"] == "optimizers":
-        return _handed(records[0], seen, names, expr, freeze)
-    return _built(records[0], seen, names, expr, freeze,
+        return _handed(records[0], seen, names, params_expr(label, group), freeze)
+    return _built(records[0], seen, names, joined, freeze,
                   own=params_expr(label, group, hook_root("create_optimizer")))
 
 
 def _handed(record, seen, names, expr, freeze) -> tuple[str, str]:
     """The optimizer passed as `Trainer(optimizers=(optimizer, scheduler))`."""
     at = f" ({record['lever_at']})" if record.get("lever_at") else ""
-    built = (f", built at {Path(record['file']).name}:{record.get('call_line', record['line'])}"
+    built = (f", built at {_at(record, record['file'], record.get('call_line', record['line']))}"
              if record.get("how") in ("call", "assigned") else "")
     message = (f" The Trainer trains the optimizer it was handed as `Trainer(optimizers=...)`"
                f"{at} and builds none of its own."
                + _seen(seen, names, "Trainer(...) was made", "`trainer.model`"))
-    fix = (f"Put it in the optimizer you pass as `Trainer(optimizers=(optimizer, scheduler))`"
-           f"{at}{built}: include {expr} in its params — or leave `optimizers=` out, and the "
-           "Trainer builds its groups from every parameter of `trainer.model` that requires "
-           f"grad as train() begins{freeze}")
+    fix = compose(
+        (f"Put it in the optimizer you pass as `Trainer(optimizers=(optimizer, scheduler))`"
+         f"{at}{built}: include {expr} in its params.", None),
+        ("Or leave `optimizers=` out, and the Trainer builds its groups from every parameter "
+         "of `trainer.model` that requires grad as train() begins.", None), freeze)
     return message, fix
 
 
-def _built(record, seen, names, expr, freeze, own: str) -> tuple[str, str]:
+def _built(record, seen, names, joined, freeze, own: str) -> tuple[str, str]:
     """The optimizer the Trainer's own `create_optimizer` built inside `train()`: by its rule
     (checked as it returned), by the setting that chose otherwise, or inside a user's
     override that called it (where nothing was checked at the Trainer's return; `own`: the
     tensors as that override's code names them)."""
     at = record["lever_at"]
-    override = next((f"{Path(file).name}:{line}" for function, file, line
+    override = next((_at(record, file, line) for function, file, line
                      in record.get("callers") or () if function == "create_optimizer"), None)
     if record.get("rule") is None and override:
         return (f" The Trainer's own `create_optimizer` ({at}) built the optimizer, called from "
-                f"your `create_optimizer` ({override})."), (
-            f"Put it in the optimizer your `create_optimizer` ({override}) returns: the "
-            "Trainer's, which it calls, takes only parameters of `trainer.model` that require "
-            "grad as it runs (unless `optim` groups them its own way); e.g. after that call: "
-            f'self.optimizer.add_param_group({{"params": {own}}}){freeze}')
+                f"your `create_optimizer` ({override})."), compose(
+            (f"Put it in the optimizer your `create_optimizer` ({override}) returns: the "
+             "Trainer's, which it calls, takes only parameters of `trainer.model` that "
+             "require grad as it runs (unless `optim` groups them its own way). In your "
+             "`create_optimizer`, after that call:",
+             f'self.optimizer.add_param_group({{"params": {own}}})'), freeze)
     message = f" The optimizer is the Trainer's own: its `create_optimizer` ({at}) built it"
+    give = ("Give the Trainer groups that hold it: pass `Trainer(..., optimizers=(optimizer, "
+            "None))`{after}, or override `Trainer.create_optimizer`.")
     if not record.get("rule"):
         return (message + " as `train()` began, not by its default rule (every parameter of "
                 f"`trainer.model` that requires grad): `{record.get('chosen_by')}` chose "
-                "them." + _seen(seen, names, *_THEN)), (
-            "Give the Trainer groups that hold it: pass `Trainer(..., optimizers=(optimizer, "
-            f"None))`, or override `Trainer.create_optimizer`{freeze}")
-    return _by_rule(message, seen, names, expr, freeze)
+                "them." + _seen(seen, names, *_THEN)), compose(
+            (give.format(after=""), None), freeze)
+    return _by_rule(message, seen, names, joined, freeze, give)
 
 
-def _by_rule(message, seen, names, expr, freeze) -> tuple[str, str]:
+def _by_rule(message, seen, names, joined, freeze, give: str) -> tuple[str, str]:
     """The Trainer's own groups, seen to be its rule's: what was seen of the tensors then."""
     message += (" as `train()` began, and never again: the parameters of `trainer.model` "
                 "that required grad at that moment, in two groups (weight decay for the names "
@@ -109,23 +116,29 @@ def _by_rule(message, seen, names, expr, freeze) -> tuple[str, str]:
     if not seen["frozen_then"] and not seen["absent_then"]:
         return message + (
             " When they were built, a tensor by this name required grad and went into them: "
-            "this one was put in its place afterwards, or the groups were changed."), (
-            "Put the new tensor in the optimizer as you put it in the model: "
-            f'trainer.optimizer.add_param_group({{"params": {expr}}}) — or put it in place '
-            f"before trainer.train(){freeze}")
+            "this one was put in its place afterwards, or the groups were changed."), compose(
+            ("Put the new tensor in the optimizer as you put it in the model. "
+             + joined[0], joined[1]),
+            ("Or put it in place before trainer.train().", None), freeze)
     message += _seen(seen, names, *_THEN)
     if seen["frozen_then"]:
         message += " A tensor unfrozen later does not join them."
     if not seen["frozen_then"]:
-        return message, (
-            "Attach it to the model before trainer.train(), or give the Trainer groups that "
-            "hold it: pass `Trainer(..., optimizers=(optimizer, None))` with an optimizer built "
-            f"after it was attached, or override `Trainer.create_optimizer`{freeze}")
-    return message, (
-        "Make it trainable before trainer.train(), or give the Trainer groups that hold it "
-        "from the start, frozen or not (a torch optimizer skips a tensor whose .grad is None): "
-        "pass `Trainer(..., optimizers=(torch.optim.AdamW(model.parameters(), "
-        f"lr=args.learning_rate), None))`, or override `Trainer.create_optimizer`{freeze}")
+        return message, compose(
+            ("Attach it to the model before trainer.train().", None),
+            (_or(give.format(after=" with an optimizer built after it was attached")), None),
+            freeze)
+    return message, compose(
+        ("Make it trainable before trainer.train().", None),
+        ("Or give the Trainer groups that hold it from the start, frozen or not (a torch "
+         "optimizer skips a tensor whose .grad is None): pass `Trainer(..., optimizers=("
+         "torch.optim.AdamW(model.parameters(), lr=args.learning_rate), None))`, or override "
+         "`Trainer.create_optimizer`.", None), freeze)
+
+
+def _or(words: str) -> str:
+    """An alternative after the first: "Or give ..."."""
+    return "Or " + words[:1].lower() + words[1:]
 
 
 def _seen(seen: dict, names: list, when: str, model: str) -> str:
@@ -141,6 +154,11 @@ def _seen(seen: dict, names: list, when: str, model: str) -> str:
             verb = "" if key == "frozen_then" else ("was " if len(found) == 1 else "were ")
             parts.append(f"{subject} {verb}{what}")
     return f" When {when}, {'; '.join(parts)}." if parts else ""
+
+
+def _at(record: dict, file: str, line) -> str:
+    """"file.py:12", or "cell [3], line 12" for a notebook cell the record names."""
+    return place(file, line, (record.get("cells") or {}).get(file))
 
 
 def _installed(file: str) -> bool:

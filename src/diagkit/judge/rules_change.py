@@ -4,10 +4,12 @@ Each rule is followed by the explanation of its findings (see `diagkit.judge.ver
 
 from __future__ import annotations
 
+from ..core.fixtext import compose
 from ..measure.aggregate import fold_ranks
+from . import fix_code
 from .precision import PRECISION_FIX, rounded_away, rounding_why
 from .verdict import has_elements, in_optimizer, per_tensor, skipped, verdict
-from .wording import subject
+from .wording import roots, subject
 
 
 @verdict("frozen_in_optimizer", "warning",
@@ -22,9 +24,11 @@ def frozen_in_optimizer(params, steps):
 def _explain_frozen_in_optimizer(label, group, steps):
     message = (f"{subject(label, group)} is held by an optimizer although requires_grad is False: "
                "momentum or weight decay can still move it, and its state costs memory.")
-    fix = ("Build the optimizer from trainable tensors only: "
-           "torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], ...)")
-    return message, fix
+    return message, compose(
+        ("Take the tensors that do not require grad out of the optimizer:",
+         fix_code.drop_frozen(group)),
+        ("Or build the optimizer from trainable tensors only: torch.optim.AdamW([p for p in "
+         f"{roots(group).whole()}.parameters() if p.requires_grad], ...).", None))
 
 
 @verdict("frozen_but_changing", "error",
@@ -41,9 +45,15 @@ def _explain_frozen_but_changing(label, group, steps):
     message = (f"{subject(label, group)} changed on a step on which it did not require grad: "
                "something still updates it (momentum or weight decay of an optimizer that holds "
                "it, or an in-place write).")
-    fix = ("When freezing, also remove it from the optimizer, or zero_grad(set_to_none=True) so "
-           "the optimizer skips it; check in-place writes to parameters.")
-    return message, fix
+    held = fix_code.drop_frozen(group)
+    if not held:  # no optimizer holds it: an in-place write
+        return message, "Check in-place writes to parameters (p.data, p.copy_, p.add_)."
+    opt = roots(group).optimizer(fix_code.holders(group)[0])
+    return message, compose(
+        ("When freezing, also take it out of the optimizer:", held),
+        ("Or clear gradients to None, so that the optimizer skips it:",
+         f"{opt}.zero_grad(set_to_none=True)"),
+        ("Else check in-place writes to parameters.", None))
 
 
 @verdict("stalled", "error",
@@ -71,7 +81,7 @@ def _explain_stalled(label, group, steps):
     mine = steps[steps["name"].isin(set(group["name"]))]
     rounding = rounded_away(group)
     if lrs and all(lr == 0 for lr in lrs):
-        why, fix = "its group's learning rate is 0", "Give its param group a learning rate > 0."
+        why, fix = "its group's learning rate is 0", _lr_fix(group)
     elif len(mine) and not (mine["used"].astype(bool) & ~skipped(mine)).any():
         why = ("its optimizer skipped every step on which it got gradients: optimizer.step() "
                "never ran (a loop that does not call it, or a loss scaler skipping each step)")
@@ -86,6 +96,15 @@ def _explain_stalled(label, group, steps):
     message = (f"{subject(label, group)} requires grad, is held by an optimizer and receives "
                f"gradients, yet its value never changed: {why}.")
     return message, fix
+
+
+def _lr_fix(group) -> str:
+    """Name the group whose lr is 0 (the optimizer's own name for it)."""
+    pairs = sorted({(int(o), int(g)) for ms in group["memberships"] if ms is not None
+                    for o, g in ms[:1]})
+    r = roots(group)
+    where = ", ".join(f'{r.optimizer(o)}.param_groups[{g}]["lr"]' for o, g in pairs)
+    return f"Give its param group a learning rate > 0 ({where} is 0)."
 
 
 @verdict("zero_gradient", "warning",

@@ -4,8 +4,10 @@ Each rule is followed by the explanation of its findings (see `diagkit.judge.ver
 
 from __future__ import annotations
 
+from ..core.fixtext import compose
+from . import fix_code
 from .verdict import in_optimizer, rg_used_counts, verdict
-from .wording import subject
+from .wording import roots, subject
 
 
 @verdict("decay_on_norm_or_bias", "info",
@@ -21,12 +23,14 @@ def decay_on_norm_or_bias(params, steps):
 def _explain_decay(label, group, steps):
     message = (f"{subject(label, group)} is a bias or a normalization weight in a group with "
                "weight_decay > 0; decaying these usually hurts.")
-    fix = ("Split the groups by identity (as minGPT's configure_optimizers does): "
-           "decay = [p for n, p in model.named_parameters() if p.dim() >= 2]; "
-           "no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]; "
-           'AdamW([{"params": decay, "weight_decay": wd}, {"params": no_decay, '
-           '"weight_decay": 0.0}])')
-    return message, fix
+    build = ("uild the groups that way where you build the optimizer (as minGPT's "
+             "configure_optimizers does): the tensors of two or more dimensions in a group "
+             "with weight decay, the others (p.dim() < 2) in one with weight_decay=0.0.")
+    moved = fix_code.to_no_decay(label, group)
+    if moved is None:
+        return message, "B" + build
+    return message, compose(("Move it to a group without weight decay:", moved),
+                            ("Or b" + build, None))
 
 
 @verdict("in_multiple_optimizers", "error",
@@ -40,8 +44,12 @@ def _explain_multiple(label, group, steps):
     pairs = sorted({p for m in group["memberships"] for p in m})
     message = (f"{subject(label, group)} is held by more than one optimizer ({pairs}): it is "
                "stepped twice per training step.")
-    fix = "Give each tensor to exactly one optimizer; assert it as minGPT does when building them."
-    return message, fix
+    first = min(int(o) for o, _ in pairs)
+    later = [o for o in fix_code.holders(group) if o != first]
+    return message, compose(
+        (f"Give each tensor to exactly one optimizer: take it out of the others (keeping it in "
+         f"{roots(group).optimizer(first)}):", fix_code.drop_from(label, group, later)),
+        ("Where you build them, assert it as minGPT does.", None))
 
 
 @verdict("not_in_model", "warning",
@@ -60,11 +68,11 @@ def _explain_not_in_model(label, group, steps):
            "model.parameters(); drop stale heads from the optimizer. If the model's own "
            "parameters were replaced after the optimizer was built (fully_shard, "
            "get_peft_model, to_empty), build the optimizer after that.")
-    reachable = sorted({_registration(n) for n in group["name"] if not n.startswith("<")})
+    reachable = sorted({_registration(n, rebuild=False) for n in group["name"]
+                        if not n.startswith("<")})
     if reachable:  # modules kept in a plain list or dict: the registration they call for
-        fix = " ".join(r.replace(" — then rebuild the optimizer.", ".") for r in reachable) + (
-            " The optimizers that hold them need no change: registered, they are the same "
-            "tensors, now the model's.")
+        fix = compose(*reachable, ("The optimizers that hold them need no change: registered, "
+                                   "they are the same tensors, now the model's.", None))
     if "device" in group and (group["device"] == "meta").all():  # the big-model init bug
         message += (" They are on the meta device, with no values: the optimizer was built "
                     "before the model was materialised (`to_empty()`, `load_state_dict(..., "
@@ -95,24 +103,30 @@ def _explain_unregistered(label, group, steps):
                "state_dict(), the optimizer and DDP never see it, so it stays at its initial "
                "value and is never saved.")
     fixes = sorted({_registration(n) for n in group["name"]})
-    return message, " ".join(fixes) + (" If it should not train, register it as a buffer "
-                                       "(self.register_buffer(name, tensor.detach())) instead.")
+    buffer = ("If it should not train, register it as a buffer instead "
+              "(self.register_buffer(name, tensor.detach()), in place of the plain attribute).",
+              None)
+    return message, compose(*fixes, buffer)
 
 
-def _registration(name: str) -> str:
-    """The registration a tensor's path calls for: a plain list or dict of modules, a list of
-    tensors, a plain tensor attribute, or one that could not be named."""
+def _registration(name: str, rebuild: bool = True) -> tuple[str, str | None]:
+    """(words, code) of the registration a tensor's path calls for, in its module's
+    `__init__`: a plain list or dict of modules, a list of tensors, a plain tensor attribute,
+    or one that could not be named (words only). `rebuild`: then rebuild the optimizer."""
     if name.startswith("<"):
         return ("Find the tensor (shape and dtype in its name) and register it on the module "
-                "that uses it: self.x = nn.Parameter(x).")
+                "that uses it: self.x = nn.Parameter(x).", None)
     head, _, rest = name.partition("[")
     owner, _, attr = head.rpartition(".")
-    on = f"self.{attr}" + (f" (on {owner})" if owner else "")
+    where = f" (on {owner})" if owner else ""
+    then = ", then rebuild the optimizer" if rebuild else ""
     if not rest:
-        return f"Register it: {on} = nn.Parameter({attr}) — then rebuild the optimizer."
+        return (f"Register it in the module's __init__{where}, after it is made{then}:",
+                f"self.{attr} = nn.Parameter(self.{attr})")
     module_inside = "." in rest.partition("]")[2]  # `cells[0].weight`: a module in the list
     if rest.startswith(("'", '"')):
-        kind = "nn.ModuleDict({...})" if module_inside else "nn.ParameterDict({...})"
+        kind = "nn.ModuleDict" if module_inside else "nn.ParameterDict"
     else:
-        kind = "nn.ModuleList([...])" if module_inside else "nn.ParameterList([...])"
-    return f"Hold them in {kind}: {on} = {kind} — then rebuild the optimizer."
+        kind = "nn.ModuleList" if module_inside else "nn.ParameterList"
+    return (f"Hold them in {kind}, in the module's __init__{where}, after they are "
+            f"made{then}:", f"self.{attr} = {kind}(self.{attr})")

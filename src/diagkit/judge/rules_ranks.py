@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..core.fixtext import compose
 from ..core.result import Finding
 from .verdict import verdict
-from .wording import subject
+from .wording import iter_expr, subject
 
 NEVER_STEPPED = "rank_never_stepped"
 
@@ -212,9 +213,10 @@ def _explain_dependent(label, group, steps):
     message = (f"{subject(label, group)} received a gradient on some ranks and not on others "
                "in the same step: the forward branches on each rank's data, so DDP needs "
                "find_unused_parameters=True.")
-    fix = ("Keep DDP(find_unused_parameters=True), or make the branch contribute on every rank, "
-           "e.g. loss = loss + 0.0 * sum(p.sum() for p in <module>.parameters()).")
-    return message, fix
+    return message, compose(
+        ("Keep DDP(find_unused_parameters=True), or make the branch contribute on every rank: "
+         "in your loop, before loss.backward():",
+         f"loss = loss + 0.0 * sum(p.sum() for p in {iter_expr(label, group)})"))
 
 
 def never_stepped(ranks: dict | None) -> list[Finding]:

@@ -10,6 +10,7 @@ import pandas as pd
 
 from ..core.format import human_bytes
 from .verdict import has_optimizers, in_optimizer, rg_used_counts, verdict
+from .wording import roots
 
 
 def trainable(params: pd.DataFrame, steps: pd.DataFrame) -> pd.Series:
@@ -61,12 +62,13 @@ def _explain_nothing_trains(label, group, steps):
                "the model computes. " + (_STALE_CAUSE if stale else _causes(group)))
     if stale:
         return message, _STALE_FIX
+    model = roots(group).whole()
     fix = ("Make what should train trainable, then build the optimizer from it: for an adapter, "
            "PeftModel.from_pretrained(base, path, is_trainable=True) (check with "
-           "model.print_trainable_parameters()); after a freeze loop, unfreeze the part to "
-           "train: for p in model.<part>.parameters(): p.requires_grad_(True); then "
-           "torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], ...), built "
-           "after both.")
+           f"{model}.print_trainable_parameters()); after a freeze loop, unfreeze the part to "
+           f"train: for p in {model}.<part>.parameters(): p.requires_grad_(True); then "
+           f"torch.optim.AdamW([p for p in {model}.parameters() if p.requires_grad], ...), "
+           "built after both.")
     return message, fix
 
 

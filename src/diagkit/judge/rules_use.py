@@ -4,10 +4,12 @@ Each rule is followed by the explanation of its findings (see `diagkit.judge.ver
 
 from __future__ import annotations
 
+from ..core.fixtext import compose
 from ..core.schema import is_dtensor_placement
+from . import fix_code
 from .levers import hook_root, trainer_lever, user_hook
 from .verdict import in_optimizer, per_tensor, rg_used_counts, verdict
-from .wording import accessor, iter_expr, params_expr, subject, trend
+from .wording import accessor, iter_expr, params_expr, roots, subject, trend
 
 
 @verdict("orphan", "error",
@@ -26,28 +28,29 @@ def _explain_orphan(label, group, steps):
     names = list(group["name"])
     message = (f"{subject(label, group)} requires grad and receives gradients, but no optimizer "
                f"holds it: it is never trained" + _orphan_grad(steps, names) + ".")
-    expr = params_expr(label, group)
-    fix = f'optimizer.add_param_group({{"params": {expr}}})'
-    freeze = (f"  — or, if it should stay fixed, freeze it: for p in {iter_expr(label, group)}: "
-              "p.requires_grad_(False)")
+    freeze = ("Or, if it should stay fixed, freeze it:", fix_code.freeze(label, group))
     hook = user_hook(group)
     if hook is not None:
         name, where = hook
-        return message, (f"Put it in the optimizer your `{name}` builds ({where}): include "
-                         f"{params_expr(label, group, hook_root(name))} in the params it "
-                         f"passes{freeze}")
+        return message, compose(
+            (f"Put it in the optimizer your `{name}` builds ({where}): include "
+             f"{params_expr(label, group, hook_root(name))} in the params it passes.", None),
+            freeze)
     if "DeepSpeedEngine" in (_context_wrappers(group) or ()):
-        return message + _UNDER_ZERO, (
-            "Put it in the torch optimizer's groups before deepspeed.initialize(model=..., "
-            "optimizer=...): ZeRO partitions only what that optimizer holds when the engine is "
-            f"built, and takes no group afterwards{freeze}")
+        return message + _UNDER_ZERO, compose(
+            ("Put it in the torch optimizer's groups before deepspeed.initialize(model=..., "
+             "optimizer=...): ZeRO partitions only what that optimizer holds when the engine "
+             "is built, and takes no group afterwards.", None), freeze)
     if "placement" in group and group["placement"].fillna("").map(is_dtensor_placement).all():
         message += (" Its tensors are DTensor shards (FSDP2): an optimizer built before "
                     "`fully_shard` holds the tensors that fully_shard replaced (listed as "
                     "not_in_model), not these.")
         return message, ("Build the optimizer after sharding: fully_shard(...) every module "
                          "first, then torch.optim.AdamW(model.parameters(), ...).")
-    trainer = trainer_lever(label, group, expr, freeze)
+    joined = fix_code.join(label, group) or (
+        "Add it to an optimizer:",
+        f'{roots(group).optimizer()}.add_param_group({{"params": {params_expr(label, group)}}})')
+    trainer = trainer_lever(label, group, joined, freeze)
     if trainer is not None:
         return message + trainer[0], trainer[1]
     prefixed = [n for n in names if n.startswith("module.")]
@@ -58,8 +61,9 @@ def _explain_orphan(label, group, steps):
         message += (" Its name carries the DDP wrapper prefix `module.`, as the target's code "
                     "saw it: a filter on names such as "
                     f"`not n.startswith(\"{top}\")` excludes it from the optimizer's groups.")
-        return message, f"Include it explicitly, by identity: {fix}{freeze}"
-    return message, f"Add it to an optimizer: {fix}{freeze}"
+        joined = ("Include it explicitly, by identity: " + joined[0][0].lower()
+                  + joined[0][1:], joined[1])
+    return message, compose(joined, freeze)
 
 
 _UNDER_ZERO = (" The model runs under DeepSpeed: ZeRO's optimizer was built from a torch "
@@ -106,11 +110,15 @@ def _explain_unused(label, group, steps):
     if not group["in_model"].any():  # held by an optimizer only: nothing to freeze in the model
         return message, ("Drop it from the optimizer: build the optimizer from "
                          "model.parameters(), after anything that replaces them.")
-    drop = (f"  — or drop the submodule before building the optimizer: del {accessor(label)}"
-            if whole_module else "")
-    fix = (f"Freeze it: for p in {iter_expr(label, group)}: p.requires_grad_(False){drop}; "
-           "then wrap with DDP(model, find_unused_parameters=False).")
-    return message, fix
+    held = fix_code.drop_frozen(group)
+    freeze = fix_code.freeze(label, group) + (f"\n{held}" if held else "")
+    then = " (then DDP(model, find_unused_parameters=False) applies)"
+    alternatives = [(f"Freeze it{' and take it out of the optimizer' if held else ''}{then}:",
+                     freeze)]
+    if whole_module:
+        alternatives.append(("Or drop the submodule, before the optimizer is built:",
+                             f"del {accessor(label, roots(group).model)}"))
+    return message, compose(*alternatives)
 
 
 @verdict("intermittent", "info",
@@ -128,10 +136,10 @@ def _explain_intermittent(label, group, steps):
     used_at = sorted(s.loc[s["used"].astype(bool), "step"].unique().tolist())
     message = (f"{subject(label, group)} receives gradients on some steps only "
                f"(steps {used_at}): the forward takes a data-dependent branch.")
-    fix = ("Keep DDP(find_unused_parameters=True) (static_graph is not possible), or make the "
-           "branch contribute every step, e.g. loss = loss + 0.0 * sum(p.sum() for p in "
-           f"{params_expr(label, group)}).")
-    return message, fix
+    return message, compose(
+        ("Keep DDP(find_unused_parameters=True) (static_graph is not possible), or make the "
+         "branch contribute every step: in your loop, before loss.backward():",
+         f"loss = loss + 0.0 * sum(p.sum() for p in {iter_expr(label, group)})"))
 
 
 @verdict("grad_not_cleared", "warning",
@@ -148,6 +156,10 @@ def _explain_grad_not_cleared(label, group, steps):
     message = (f"{subject(label, group)}: each step's gradient lands on the .grad left by the "
                f"previous step, so gradients accumulate across steps"
                + (f" (.grad norm {moved})" if moved else "") + ".")
-    fix = ("Make something zero it every step: put it in the optimizer (its zero_grad clears "
-           "it), or call model.zero_grad(set_to_none=True) instead of optimizer.zero_grad().")
-    return message, fix
+    if group["verdicts"].map(lambda vs: "orphan" in vs).all():
+        return message, ("The orphan's fix clears it too: once an optimizer holds it, that "
+                         "optimizer's zero_grad() clears its .grad.")
+    return message, compose(
+        ("Make something zero it every step: put it in the optimizer (its zero_grad clears "
+         "it), or in your loop zero the model's gradients instead of optimizer.zero_grad():",
+         f"{roots(group).whole()}.zero_grad(set_to_none=True)"))

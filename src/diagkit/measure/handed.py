@@ -7,7 +7,8 @@ but only as far as it can be followed exactly: a name assigned in the calling fu
 of an optimizer class (looked up in the caller's namespace, never called), or a call of a
 user's function with a single `return`. The class found must be the optimizer's own class;
 else the record shows the argument itself, labelled "handed to". The records are those of
-`measure.provenance` (JSON-able dicts), plus `lever` (the keyword) and `lever_at` (file:line).
+`measure.provenance` (JSON-able dicts), plus `lever` (the keyword) and `lever_at` (file:line,
+or "cell [n], line k" in a notebook).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import types
 
 import torch
 
-from .provenance import (_assignment, _from_call, _installed, _lines, _parse, _statement,
-                         _user_site, class_name)
+from .cells import cell_number, place
+from .provenance import (_assignment, _from_call, _installed, _lines, _parse, class_name,
+                         code_file, statement, user_site)
 
 _DEPTH = 3  # names and functions followed from the argument to the optimizer's class call
 
@@ -31,18 +33,19 @@ def handed_sources(frame, optimizer, keyword: str, element: int = 0) -> list[dic
     """The records of `optimizer`'s groups, from the user's call at `frame` (the caller of
     the framework's constructor) that passed it as `keyword=` (its `element`-th item when a
     tuple). [] when that call is not user code or cannot be read."""
-    site = _user_site(frame)
+    site = user_site(frame)
     if site is None or _installed(site["file"]):
         return []
     with contextlib.suppress(Exception):  # an extra: the trainer never fails for want of it
         file = site["file"]
-        tree, stmt, func = _statement(file, site["line"])
+        tree, stmt, func = statement(file, site["line"])
         scope = func or tree
         kw = next(k for n in ast.walk(stmt) if isinstance(n, ast.Call)
                   for k in n.keywords if k.arg == keyword)
         value = _handed_item(kw.value, scope, stmt.lineno, element)
-        lever = {"lever": keyword, "lever_at": f"{os.path.basename(file)}:{kw.value.lineno}",
-                 "function": site["function"], "callers": site["callers"]}
+        lever = {"lever": keyword, "lever_at": place(file, kw.value.lineno, cell_number(file)),
+                 "function": site["function"], "callers": site["callers"],
+                 **({"cells": site["cells"]} if "cells" in site else {})}
         built = _follow(value, file, scope, stmt.lineno, _namespace(frame, file), _DEPTH)
         if built is not None and type(optimizer) is not built[3]:
             built = None  # the class read is not the optimizer's own: show the argument only
@@ -65,7 +68,7 @@ def _handed_item(node, scope, before: int, element: int):
 
 def _namespace(frame, file: str) -> dict:
     """What names mean where the call was made: the user's frame at `file` (locals first)."""
-    while frame is not None and os.path.abspath(frame.f_code.co_filename) != file:
+    while frame is not None and code_file(frame) != file:
         frame = frame.f_back
     return {} if frame is None else {**frame.f_globals, **frame.f_locals}
 

@@ -27,6 +27,8 @@ import textwrap
 
 import torch
 
+from .cells import cell_number
+
 MAX_LINES = 8  # lines kept per group; a longer construction is cut with "..."
 _TORCH = os.path.dirname(torch.__file__) + os.sep
 _DIAGKIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -55,7 +57,7 @@ def record_optimizer_sources():
     def note(opt, index: int, frame) -> None:
         if _active:
             with contextlib.suppress(Exception):  # provenance is an extra: never break a build
-                site = _user_site(frame)
+                site = user_site(frame)
                 if site is not None:
                     _active[-1].added.append((opt, index, site))
 
@@ -97,7 +99,8 @@ def sources_for(recorder: _Recorder, optimizers) -> list[dict]:
                 found[(i, group)] = {"optimizer": i, "group": group,
                                      "class": class_name(opt), **_group_lines(site, group),
                                      "function": site.get("function", ""),
-                                     "callers": site.get("callers", [])}
+                                     "callers": site.get("callers", []),
+                                     **({"cells": site["cells"]} if "cells" in site else {})}
     return [found[k] for k in sorted(found)]
 
 
@@ -106,36 +109,73 @@ def watch_sources(frame, optimizers) -> list[dict]:
     statement (`frame`: the frame that called watch) by the optimizer argument's name, its
     assignment in the caller's function; that statement itself when the name is not assigned
     there. [] when the caller is not user code (an integration's callback: no user line)."""
-    site = _user_site(frame, walk=False)
+    site = user_site(frame, walk=False)
     records: list[dict] = []
     with contextlib.suppress(Exception):  # an extra: a watch never fails for want of it
-        tree, stmt, func = _statement(site["file"], site["line"])
+        tree, stmt, func = statement(site["file"], site["line"])
         call = _outer_call(stmt)
         arg = call.args[1] if len(call.args) > 1 else next(
             (k.value for k in call.keywords if k.arg == "optimizer_or_list"), None)
         for i, opt in enumerate(optimizers):
             node = arg.elts[i] if isinstance(arg, (ast.List, ast.Tuple)) else arg
-            built = _assignment(func or tree, node, stmt.lineno)
+            file, scope = site["file"], func or tree
+            built = _assignment(scope, node, stmt.lineno)
+            if built is None and func is None:  # a notebook: built in an earlier cell?
+                file, scope, built = _earlier_cell(file, node) or (file, scope, None)
             for j in range(len(opt.param_groups)):
                 rec = {"optimizer": i, "group": j, "class": class_name(opt)}
-                rec.update(_from_call(site["file"], func or tree, built, j, "watch")
+                rec.update(_from_call(file, scope, built, j, "watch")
                            if built is not None and _outer_call(built) is not None
                            else _lines(site["file"], stmt, "watch_call"))
                 records.append(rec)
     return records
 
 
-def _user_site(frame, walk: bool = True) -> dict | None:
+def _earlier_cell(file: str, node):
+    """(file, tree, statement): the last assignment of the name `node` in the notebook cells
+    run before the cell `file` (latest first), or None (not a cell, or not found). IPython
+    keeps each cell's source in linecache under the cell's own file name."""
+    number = cell_number(file)
+    if number is None or not isinstance(node, ast.Name):
+        return None
+    earlier = sorted(((n, f) for f in list(linecache.cache) if f != file
+                      for n in [cell_number(f)] if n is not None and n < number), reverse=True)
+    for _, cell in earlier[:100]:
+        with contextlib.suppress(SyntaxError, ValueError):
+            tree = _parse("".join(linecache.getlines(cell)))
+            made = _assignment(tree, node, sys.maxsize)
+            if made is not None:
+                return cell, tree, made
+    return None
+
+
+def user_site(frame, walk: bool = True) -> dict | None:
     """The innermost frame outside torch and diagkit (diagkit's demos count as user code, also
     when installed): its file and current line (`walk=False`: `frame` itself, or None)."""
     while frame is not None:
-        file = os.path.abspath(frame.f_code.co_filename)
+        file = code_file(frame)
         ours = file.startswith(_DIAGKIT) and not file.startswith(_DEMOS)
-        if not (file.startswith(_TORCH) or ours or file.startswith("<")):
+        if not (file.startswith(_TORCH) or ours or _not_source(file)):
+            callers = _user_callers(frame.f_back)
+            cells = {f: n for f in {file, *(c[1] for c in callers)}
+                     for n in [cell_number(f)] if n is not None}
             return {"file": file, "line": frame.f_lineno, "function": frame.f_code.co_name,
-                    "callers": _user_callers(frame.f_back)}
+                    "callers": callers, **({"cells": cells} if cells else {})}
         frame = frame.f_back if walk else None
     return None
+
+
+def code_file(frame) -> str:
+    """The frame's file, absolute; an IPython cell keeps the name it was compiled under (a
+    terminal shell's `<ipython-input-3-…>`: its source is in linecache under that name), and
+    any other `<…>` name (an exec'd string) stays one too (`_not_source`)."""
+    file = frame.f_code.co_filename
+    return file if file.startswith("<") else os.path.abspath(file)
+
+
+def _not_source(file: str) -> bool:
+    """A `<…>` name with no source to read (an exec'd string), unlike an IPython cell's."""
+    return file.startswith("<") and cell_number(file) is None
 
 
 def _user_callers(frame, most: int = 6) -> list[list]:
@@ -144,8 +184,8 @@ def _user_callers(frame, most: int = 6) -> list[list]:
     diagkit's own frames (a callback's stand-in for the hook it records) are passed over."""
     found = []
     while frame is not None and len(found) < most:
-        file = os.path.abspath(frame.f_code.co_filename)
-        if file.startswith(_TORCH) or file.startswith("<") or _installed(file):
+        file = code_file(frame)
+        if file.startswith(_TORCH) or _not_source(file) or _installed(file):
             break
         if not file.startswith(_DIAGKIT) or file.startswith(_DEMOS):
             found.append([frame.f_code.co_name, file, frame.f_lineno])
@@ -161,12 +201,12 @@ def _group_lines(site: dict, group: int) -> dict:
     """The lines that built group `group`, from the call at `site`; the call's line alone when
     its source cannot be parsed."""
     try:
-        tree, stmt, func = _statement(site["file"], site["line"])
+        tree, stmt, func = statement(site["file"], site["line"])
         return _from_call(site["file"], func or tree, stmt, group, "call")
     except Exception:  # no source (an exec'd string, an edited file): the bare location
         text = linecache.getline(site["file"], site["line"]).strip()
         return {"file": site["file"], "line": site["line"], "lines": [text] if text else [],
-                "how": "call"}
+                "how": "call", **cell_of(site["file"])}
 
 
 def _from_call(file: str, scope, stmt, group: int, how: str) -> dict:
@@ -203,7 +243,7 @@ def listed_group_lines(file: str, call_line: int, group: int, groups: int) -> di
     name that call passes. For a library's construction whose groups were checked to be that
     list's (the HF Trainer's), where the last assignment before the call (what `_from_call`
     shows) may be a branch that did not run. None when there is no such list."""
-    tree, stmt, func = _statement(file, call_line)
+    tree, stmt, func = statement(file, call_line)
     call = _outer_call(stmt)
     name = call.args[0] if call is not None and call.args else None
     if func is None or not isinstance(name, ast.Name):
@@ -218,7 +258,7 @@ def listed_group_lines(file: str, call_line: int, group: int, groups: int) -> di
     return {**_lines(file, lists[0].value.elts[group], "trainer"), "call_line": call_line}
 
 
-def _statement(file: str, line: int):
+def statement(file: str, line: int):
     """(module tree, innermost statement holding `line`, its enclosing function or None)."""
     tree = _parse("".join(linecache.getlines(file)))
     holding = [n for n in ast.walk(tree)
@@ -272,4 +312,11 @@ def _lines(file: str, node, how: str, also=None) -> dict:
         lines += textwrap.dedent(chunk).splitlines()
     if len(lines) > MAX_LINES:
         lines = lines[:MAX_LINES - 1] + ["..."]
-    return {"file": file, "line": node.lineno, "lines": lines, "how": how}
+    return {"file": file, "line": node.lineno, "lines": lines, "how": how, **cell_of(file)}
+
+
+def cell_of(file: str) -> dict:
+    """{"cell": n} when `file` is an IPython cell's (its execution count: the notebook's
+    "[n]", kept because the file itself is gone when the kernel ends), else {}."""
+    number = cell_number(file)
+    return {} if number is None else {"cell": number}

@@ -1,6 +1,7 @@
 """Where an optimizer group was built (`Finding.source`), for the terminal and for HTML.
 
-One wording for both: "AdamW group 0, built at path/file.py:103" then the lines that built it.
+One wording for both: "AdamW group 0, built at path/file.py:103" then the lines that built it;
+in a notebook "built at cell [3], line 4" (the kernel's file for the cell is temporary).
 Source lines are user code, so in HTML every one is escaped.
 """
 
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import html
 import os
+
+from ..measure.cells import place
 
 _HOW = {"call": "built at", "assigned": "its tensors listed at",
         "watch": "built at (found from the watch(...) call)",
@@ -37,6 +40,8 @@ def _label_parts(s: dict) -> tuple[str, str]:
     how = _HOW.get(s.get("how"), "built at")
     if not s.get("file", "?"):
         return f"{head}, {how.removesuffix(' at')}", ""
+    if isinstance(s.get("cell"), int):  # a notebook cell: its temporary file is gone
+        return f"{head}, {how}", place(s.get("file", ""), s.get("line", "?"), s["cell"])
     return f"{head}, {how}", f"{short_path(str(s.get('file', '?')))}:{s.get('line', '?')}"
 
 
@@ -71,4 +76,6 @@ def source_html(sources) -> str:
 
 def _label_html(s: dict) -> str:
     words, where = _label_parts(s)
+    if isinstance(s.get("cell"), int):
+        return html.escape(f"{words} {where}")
     return html.escape(words) + (f" {path_html(where)}" if where else "")

@@ -28,6 +28,7 @@ from ..measure.ddp_facts import ddp_facts
 from ..measure.inventory import take_inventory
 from ..measure.observer import Observer
 from ..measure.provenance import watch_sources
+from ..measure.watch_call import watch_names
 from ..measure.run_clock import RunClock
 from ..measure.step_clock import StepClock
 from ..measure.step_state import LoopFacts
@@ -84,7 +85,8 @@ class Watch:
 
     def __init__(self, model, optimizer_or_list, *, steps, every, delta, sample, out, report,
                  timeout, on_finding=None, halt_on=None, caller=None, first_step=0,
-                 sources=None, live=None, memory_budget=DEFAULTS["memory_budget"]):
+                 sources=None, live=None, memory_budget=DEFAULTS["memory_budget"],
+                 names=None):
         check_watch_options(steps=steps, every=every, delta=delta, sample=sample, out=out,
                             report=report, timeout=timeout, on_finding=on_finding,
                             halt_on=halt_on, live=live, memory_budget=memory_budget)
@@ -92,6 +94,7 @@ class Watch:
         self.report, self.steps, self.every, self.delta = bool(report), steps, every, delta
         self.out = None if out is None else Path(out)
         self.wrappers, self.optimizers, self.sources, self.inventory = [], [], [], None
+        self.names = names or {}  # the user's names for the model and optimizers (meta)
         self.run = self.observer = self.clock = self.channel = self.live = self.entry = None
         self._diagnosis: Diagnosis | None = None
         self._finished, self._started = False, time.perf_counter()
@@ -122,6 +125,8 @@ class Watch:
         # read from the caller's watch(...) statement
         self.sources = (sources if sources is not None else
                         watch_sources(caller, optimizers) if caller is not None else [])
+        if not self.names and caller is not None:  # what the fixes call them (docs/watch.md)
+            self.names = watch_names(caller, model, inner, len(optimizers))
         if not self.inventory.tensors:
             raise DiagkitError("the model has no parameters and the optimizers hold none: "
                                "nothing to watch")
@@ -373,6 +378,7 @@ class Watch:
                 "seconds": round(time.perf_counter() - self._started, 4),
                 "torch": torch.__version__,
                 **({"optimizer_sources": self.sources} if self.sources else {}),
+                **({"names": self.names} if self.names else {}),
                 **self._over_budget()}
 
     def _calls(self) -> dict:
