@@ -61,6 +61,9 @@ def test_an_unfreeze_that_forgets_the_optimizer_is_an_orphan_from_that_step(capl
     assert (orphan.module, orphan.since, orphan.ended) == ("fc1", 31, None)
     assert orphan.until == 90 and "[from step 31; at step 30: fc1.weight, fc1.bias became " \
                                   "trainable" in orphan.message
+    # its figures are the last window's, and the tag says so: not those of step 31
+    assert "(.grad norm " in orphan.message and \
+        orphan.message.endswith("; its figures: observed steps 40-90]"), orphan.message
     assert diag.meta["dropped_steps"] == [{"step": 30, "why": "the wiring changed during it"}]
     assert diag.meta["events"][0]["step"] == 30 and diag.meta["events"][0]["kind"] == "requires_grad"
     assert set(diag.verdicts()["fc1.weight"]) >= {"orphan"}
@@ -68,7 +71,7 @@ def test_an_unfreeze_that_forgets_the_optimizer_is_an_orphan_from_that_step(capl
     # one short line: severity, verdict, where, the step, the first line of the fix
     (line,) = [e.getMessage() for e in errors]
     assert line.startswith("diagkit: error: orphan in fc1 (2 tensors) from step 31; fix: ")
-    assert "add_param_group(" in line and "\n" not in line and len(line) <= 200, line
+    assert "model.fc1.parameters()" in line and "\n" not in line and len(line) <= 200, line
     # Observed: the burst at the start and after the change, and one step in 10 otherwise.
     observed = set(diag.steps["step"])
     assert {0, 1, 2, 3, 31, 32, 33, 34, 40, 90} <= observed and not observed & {4, 9, 30, 35}
@@ -221,3 +224,30 @@ def test_the_report_pieces_and_the_explorer_show_the_timeline():
     train(model, opt, 2)
     assert not hasattr(explore(plain.diagnosis).controls, "timeline")
     assert timeline.events_html(plain.diagnosis.meta.get("events")) == ""  # none looked for
+
+
+def replace_head(model, opt):
+    """A new head mid-run, added to the optimizer; the old one stays in group 0 (stale)."""
+    model.fc2 = torch.nn.Linear(5, 3)
+    opt.add_param_group({"params": list(model.fc2.parameters())})
+
+
+def test_a_head_replaced_mid_run_is_named_apart_from_its_successor():
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    w = diagkit.watch(model, opt, steps=None, every=10)
+    train(model, opt, 100, at={50: replace_head})
+    diag = w.stop()
+    old = ["<fc2.weight, replaced at step 50>", "<fc2.bias, replaced at step 50>"]
+    rows = diag.params.set_index("name")
+    assert sorted(rows.index) == sorted(["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
+                                         *old])
+    # the new head's steps and verdicts are its own; the old one's run on from step 0
+    first = diag.steps.groupby("name")["step"].min()
+    assert first["fc2.weight"] == first["fc2.bias"] == 51 and first[old[0]] == 0
+    assert rows.loc["fc2.weight", "verdicts"] == ("ok",)
+    assert set(rows.loc[old[0], "verdicts"]) == {"unused", "not_in_model"}
+    assert not rows.loc[old[0], "in_model"]
+    (stale,) = by_code(diag, "not_in_model")
+    assert sorted(stale.params) == sorted(old) and stale.since == 51

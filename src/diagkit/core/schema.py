@@ -9,7 +9,8 @@ from __future__ import annotations
 # name -> meaning. Order is the column order of the DataFrame.
 PARAMS_COLUMNS: dict[str, str] = {
     "name": "first name model.named_parameters() gives the tensor; `<optimizer i group j #k>` "
-            "for a tensor held by an optimizer but not by the model; for a tensor in neither "
+            "for a tensor held by an optimizer but not by the model (in a whole run, one that "
+            "left the model: `<head.weight, replaced at step 150>`); for a tensor in neither "
             "that gets gradients (unregistered), its path among the model's plain attributes "
             "(`cells[0].weight`) or `<unregistered #k shape dtype>`",
     "aliases": "tuple of the tensor's other names (tied weights, a module registered twice)",

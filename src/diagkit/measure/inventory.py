@@ -51,9 +51,13 @@ class Inventory:
                                dtype=np.int64)
 
 
-def take_inventory(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer]) -> Inventory:
+def take_inventory(model: torch.nn.Module, optimizers: list[torch.optim.Optimizer],
+                   former: dict[int, str] | None = None) -> Inventory:
     """The tensors of `model` and `optimizers`, by identity; an engine whose tensors are not
-    the model's is refused in one line (`measure.engines`), never judged."""
+    the model's is refused in one line (`measure.engines`), never judged. `former`: names by
+    `id()` for tensors an optimizer holds and the model no longer does (a whole run's head
+    replaced mid-run: `<head.weight, replaced at step 150>`), used where no attribute path
+    names them (`_name_by_path`); the caller holds those tensors, so their ids are theirs."""
     fsdp1 = slices(model)
     refuse_engines(model, optimizers, fsdp1)
     tensors: list[torch.Tensor] = []
@@ -86,7 +90,7 @@ def take_inventory(model: torch.nn.Module, optimizers: list[torch.optim.Optimize
                 if (i, j) not in pairs:
                     pairs.append((i, j))
 
-    _name_by_path(model, tensors, rows)
+    _name_by_path(model, tensors, rows, former or {})
     first_group = []
     for tensor, row in zip(tensors, rows):
         pairs = tuple(memberships.get(id(tensor), ()))
@@ -100,18 +104,20 @@ def take_inventory(model: torch.nn.Module, optimizers: list[torch.optim.Optimize
                      slices={k: fsdp1[id(t)] for k, t in enumerate(tensors) if id(t) in fsdp1})
 
 
-def _name_by_path(model, tensors: list, rows: list[dict]) -> None:
+def _name_by_path(model, tensors: list, rows: list[dict], former: dict[int, str]) -> None:
     """A tensor an optimizer holds but the model does not is named, as an unregistered one
     is (`measure.unregistered.find_paths`), by where it lives among the model's plain
     attributes (`layers[0].weight`: a module kept in a plain list), with that module as its
-    own; one the model cannot reach (a forward argument, a stale head) keeps
-    `<optimizer i group j #k>`."""
+    own; else by what it was (`former`); one the model cannot reach and that was never its
+    (a forward argument) keeps `<optimizer i group j #k>`."""
     outside = [k for k, row in enumerate(rows) if not row["in_model"]]
     paths = find_paths(model, {id(tensors[k]) for k in outside}) if outside else {}
     for k in outside:
         found = paths.get(id(tensors[k]))
         if found is not None:
             rows[k].update(name=found[0], module=found[1], module_type=found[2])
+        elif id(tensors[k]) in former:
+            rows[k]["name"] = former[id(tensors[k])]
 
 
 def _row(name, tensor, module, module_type, in_model, fsdp1=None):

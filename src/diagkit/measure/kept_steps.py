@@ -59,6 +59,16 @@ class KeptSteps:
             if j < self.sample_limit:
                 self.sample[j] = one
 
+    def rename(self, names: dict[str, str]) -> None:
+        """Rename tensors in every kept table, in place (each table stays the object it was):
+        a whole run's tensor replaced mid-run is named apart from its successor
+        (`diagkit.run.whole_run`)."""
+        tables = {id(t): t for t in [*self.around, *self.sample, self.latest]
+                  if t is not None}
+        for table in tables.values():
+            if len(table) and table["name"].isin(names.keys()).any():
+                table["name"] = table["name"].map(lambda n: names.get(n, n))
+
     def table(self) -> pd.DataFrame:
         """Every kept row, by step."""
         parts = [*self.around, *self.sample]

@@ -126,7 +126,7 @@ class LiveFeed:
                  w._meta(), w.clock.observed)
         if run is None:
             return Snapshot(*parts, None, None)
-        findings = run.timeline.findings()
+        findings = run.spans()
         if run.ranks is not None and run.ranks.mismatch is not None:
             findings.append(run.ranks.mismatch)
         return Snapshot(*parts, findings, list(run.events))

@@ -29,7 +29,7 @@ from ..core.files import records
 from ..core.result import Diagnosis
 from ..judge.findings import sort_findings
 from ..judge.rules_change import zero_gradient_untold
-from ..judge.timeline import Timeline, as_finding, onsets
+from ..judge.timeline import Timeline, as_finding, onsets, when
 from ..judge.verdicts import VERDICTS
 from ..measure.inventory import take_inventory
 from ..measure.kept_steps import KeptSteps
@@ -38,6 +38,7 @@ from ..measure.unwrap import compiled
 from ..measure.wiring import Wiring
 from ..present.text import finding_line
 from .pipeline import Observation, judge_observation, untold_zeros
+from .whole_run_names import Names, rename_history
 from .whole_run_ranks import RankJoin
 
 BURST = 4           # steps observed one after another at the start and after each change
@@ -63,6 +64,9 @@ class WholeRun:
         self.timeline = Timeline()
         self.kept = KeptSteps()
         self.rows: dict[str, dict] = {}        # every tensor seen, by name (the latest row)
+        self.names = Names()                   # tensors that left the model, named apart
+        # (code, module) -> the observed steps of the window whose figures a finding holds
+        self.figures: dict[tuple[str, str], tuple[int, int]] = {}
         self.verdicts: dict[str, set] = {}     # every verdict each tensor had, by name
         # zero_gradient: tensors some window could not tell, and those one could (or that
         # got a non-zero gradient): the run says it could not tell the first less the second
@@ -143,9 +147,12 @@ class WholeRun:
                         for e in changes]
         if straddled is not None:
             self.dropped.append({"step": straddled, "why": "the wiring changed during it"})
-        old = self.observer
+        old, before = self.observer, self.inventory
         self._close_window(replace=False, drop=straddled, read_base=False)
-        self.inventory = take_inventory(self.model, self.optimizers)
+        step = changes[0]["step"]
+        former = self.names.former(before, self.model, step)
+        self.inventory = take_inventory(self.model, self.optimizers, former=former)
+        rename_history(self, self.names.renames(before, self.inventory, former))
         if self.watch.channel is not None:  # rank 0 joins the ranks' rows (pipeline stages)
             self.watch.channel.publish_rows(self.inventory.rows)
         self.observer = self.watch.new_observer(self.inventory)
@@ -196,6 +203,7 @@ class WholeRun:
                   if new and first != last else {})
         for span in self.timeline.advance(judged.findings, first, last, starts, self.events):
             self._announce(span)
+        self.figures.update(((f.code, f.module), (first, last)) for f in judged.findings)
         self.kept.add(steps, around_change=around)
 
     def _joined(self, steps):
@@ -263,7 +271,22 @@ class WholeRun:
                 "windows": self.windows, "timeline": records(self.timeline.table().astype(object)),
                 "steps_observed": self.kept.observed + len(self.dropped)}
         return dataclasses.replace(base, params=params, meta=meta,
-                                   findings=sort_findings(findings + self.timeline.findings()))
+                                   findings=sort_findings(findings + self.spans()))
+
+    def spans(self) -> list:
+        """The timeline's findings. A finding's figures (`1.83 → 2.41 over 8 steps`) are those
+        of the last window it held in: where that window began after the finding did, its
+        tag says which steps they are of, so they never read as the figures of its first
+        step (the line logged then had none)."""
+        out = []
+        for span in self.timeline.spans:
+            f = as_finding(span)
+            first, last = self.figures.get(span.key, (span.since, span.until))
+            if first > span.since:
+                f = dataclasses.replace(f, message=f"{span.finding.message} [{when(span)}; "
+                                                   f"its figures: observed steps {first}-{last}]")
+            out.append(f)
+        return out
 
     def observation(self, failure, meta: dict) -> Observation:
         """What to judge the result from: every tensor seen, the kept steps."""
