@@ -117,13 +117,12 @@ def findings_html(findings) -> str:
 
 
 def verdict_groups(findings) -> list[list]:
-    """The findings by (verdict, severity, whether it still holds), worst first (each group
-    in `sort_findings` order: the biggest first); the groups that no longer hold last."""
+    """The findings by (verdict, severity, whether it still holds), in `sort_findings` order
+    (worst first, then the biggest), the groups that no longer hold last."""
     groups: dict[tuple, list] = {}
     for f in sorted(sort_findings(findings), key=lambda f: f.ended is not None):
         groups.setdefault((f.code, f.severity, f.ended is not None), []).append(f)
-    return sorted(groups.values(), key=lambda g: (g[0].ended is not None,
-                                                  -severity.rank(g[0].severity)))
+    return list(groups.values())
 
 
 def _where(f) -> str:
