@@ -14,6 +14,7 @@ import pytest
 
 from browser import SPLIT_PIECES, chromium, open_page
 from cli_inprocess import run_cli
+from widths import CLIPPED_CODE, SPLIT_UNITS
 
 DIAGKIT = str(Path(sys.executable).parent / "diagkit")
 needs_chromium = pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
@@ -213,20 +214,28 @@ def test_report_with_nproc_2_shows_the_per_rank_view(tmp_path):
     run = diagkit("report", "diagkit.demos:rank_branch", "--nproc", "2", "--steps", "3",
                   "--out", str(out))
     assert run.returncode == 0, run.stderr  # rank-dependent use is a warning
-    html = (out / "report.html").read_text()
+    html = (out / "report.html").read_text().replace("\u00a0", " ")  # (units on one line)
     assert "2 ranks (0–1), 3 steps observed" in html
     assert "module.aux.weight" in html and "rank 0: never" in html
+    assert "<h2" in html and ">Per rank" in html  # a section with something to show keeps it
     steps = (out / "steps.csv").read_text().splitlines()
     assert steps[0].startswith("rank,step,name,") and steps[0].endswith(",checksum")
 
 
-def test_report_with_a_checkpoint_shows_the_load_report_and_dead_bytes(tmp_path):
+@pytest.fixture(scope="module")
+def checkpoint_report(tmp_path_factory):
+    """A one-target report with the default options (code hidden), a checkpoint loaded."""
     ckpt = Path(__file__).resolve().parents[2] / "data" / "finetune_heads_pretrain.pt"
-    out = tmp_path / "ft"
+    out = tmp_path_factory.mktemp("ckpt") / "ft"
     run = run_cli("report", "diagkit.demos:finetune_heads", "--checkpoint", str(ckpt),
                   "--steps", "2", "--out", str(out))
+    return out, run
+
+
+def test_report_with_a_checkpoint_shows_the_load_report_and_dead_bytes(checkpoint_report):
+    out, run = checkpoint_report
     assert run.returncode == 0, run.stderr
-    html = (out / "report.html").read_text()
+    html = (out / "report.html").read_text().replace("\u00a0", " ")  # (units on one line)
     assert "19 tensors loaded" in html and "4 missing from the file" in html
     assert "dead_weight_in_checkpoint" in html and "18.6 KiB" in html
 
@@ -256,8 +265,10 @@ WRITE_OUT = """
 MEASURE = """<script>
 (() => {  // at the end of the body: everything above is laid out when asked
   const splits = """ + SPLIT_PIECES + """;
+  const clipped = """ + CLIPPED_CODE + """;
+  const units = """ + SPLIT_UNITS + """;
   document.body.style.margin = '0';
-  const out = {splits: {}};
+  const out = {splits: {}, clipped: {}, units: {}, height: {}};
   for (const width of WIDTHS) {
     document.body.style.width = width + 'px';
     if (width === 968) {  // JupyterLab's output area
@@ -266,6 +277,9 @@ MEASURE = """<script>
     }
     // every table cell's pieces: does one run across a line break where none may?
     out.splits[width] = splits(document);
+    out.clipped[width] = clipped(document.body);
+    out.units[width] = units(document.body);
+    out.height[width] = document.documentElement.scrollHeight;
   }""" + WRITE_OUT
 WIDTHS = (968, 1400)
 
@@ -293,3 +307,61 @@ def test_no_table_cell_splits_a_number_or_an_identifier(measured, width):
     on one line (a name may wrap after a dot); the tables still fit (the test above)."""
     split = measured["splits"][str(width)]
     assert split == [], split[:40]
+
+
+@needs_chromium
+@pytest.mark.parametrize("width", WIDTHS)
+def test_code_is_readable_without_scrolling_and_numbers_keep_their_units(measured, width):
+    """Each fix's code and the lines that built the group get the table's whole width and
+    wrap (issue 37: at 968 px, 106 px scroll boxes held 240-600 px of code; at 1400 px the
+    source line with the name filter was cut); '8.0 KiB' and '3 steps' never split."""
+    assert measured["clipped"][str(width)] == []
+    assert measured["units"][str(width)] == []
+
+
+FOLDED = ("Over the run", "Fix preview", "Per rank", "Checkpoint", "Explore",
+          "What the target printed")
+
+
+def test_the_report_says_what_it_is_and_folds_what_is_empty(demo, hostile):
+    """The notebook's instructions stay in the notebook; each target is named with when it
+    ran and its worst severity; the sections with nothing to show take one line together
+    (the demo report was 13,000 px tall, each of these a heading and an empty frame, three
+    times). report.ipynb keeps every cell."""
+    for out, targets in ((demo[0], 3), (hostile[0], 1)):  # (with its code shown, too)
+        page = (out / "report.html").read_text()
+        text = re.sub(r"<[^>]+>", " ", page).replace("\u00a0", " ")
+        assert "Edit the parameters" not in text and "The next cell is" not in text
+        assert "then run all" not in text
+        assert page.count('class="diagkit-header"') == targets
+        assert len(re.findall(r"run 20\d\d-\d\d-\d\d \d\d:\d\d", text)) == targets
+        for heading in FOLDED:
+            assert not re.search(rf"<h[1-3][^>]*>{heading}", page), heading
+        folded = re.findall(r"Nothing to show: (.*?)\.\s", text)
+        assert len(folded) == targets
+        for line in folded:
+            assert [h for h in FOLDED if h in line] == list(FOLDED), line
+        assert "Edit the parameters" in (out / "report.ipynb").read_text()
+    demo_text = re.sub(r"<[^>]+>", "", (demo[0] / "report.html").read_text())
+    assert "diagkit.demos:meta_memory: worst error, 3 steps observed" in demo_text
+    assert "diagkit.demos:clean: no findings, 3 steps observed" in demo_text
+
+
+@needs_chromium
+def test_the_first_screen_names_the_target_when_and_the_worst(checkpoint_report, tmp_path):
+    """Laid out at 1400 x 1000 px, the first screen of a one-target report shows the target,
+    when it ran and its worst severity (it was only in <title>), above the findings."""
+    found = measured_in_chromium(checkpoint_report[0] / "report.html", tmp_path, """<script>
+(() => {
+  const out = {};
+  document.body.style.width = '1400px';
+  const header = document.querySelector('.diagkit-header');
+  const findings = document.querySelector('table.diagkit-findings');
+  out.header = header && [header.getBoundingClientRect().bottom, header.textContent];
+  out.findings = findings && findings.getBoundingClientRect().top;""" + WRITE_OUT)
+    assert found["header"], "no header names the target"
+    bottom, text = found["header"]
+    assert bottom < 1000 and found["findings"] < 1000, found
+    assert "diagkit.demos:finetune_heads" in text
+    assert "worst: warning" in text.replace("\u00a0", " ")
+    assert re.search(r"run 20\d\d-\d\d-\d\d", text)

@@ -146,7 +146,8 @@ def test_papermill_renders_a_saved_diagnosis_without_running(tmp_path, finetune)
     assert not [o for o in outputs if o.output_type == "error"]
     assert len([o for o in outputs if "image/png" in o.get("data", {})]) >= 3
     shown = " ".join(str(o.get("data", {}).get("text/html", "")) for o in outputs)
-    assert f"Saved diagnosis loaded from <code>{tmp_path / 'saved'}</code>" in shown  # found
+    assert f">{tmp_path / 'saved'}</h1>" in shown  # found, and named first
+    assert "a saved diagnosis, written 20" in shown and "(not run again)" in shown
     assert "cmim_decoder" in shown
     written = json.loads((data / "findings.json").read_text())
     assert written["findings"] == [f.to_dict() for f in finetune.findings]

@@ -8,7 +8,8 @@ papermill). `parameters()` reads it, so names, types, defaults and help have one
 notebook; `validate` checks values against it, and options that the library knows (`steps`,
 `delta`, ...) get the library's own check (`diagkit.core.options`). Papermill only warns about
 a parameter a notebook does not declare, so `check_parameters` turns that into an error naming
-the known ones.
+the known ones; so is a name the notebook does not know in the parameters cell itself, as a
+user edits it in JupyterLab (`stepz = 3`, or `stepz: int = 3`).
 """
 
 from __future__ import annotations
@@ -81,32 +82,60 @@ def _cells(path: str) -> list[dict]:
 
 def parse_cell(source: str, origin: str = "the parameters cell") -> dict[str, Parameter]:
     """The parameters a parameters cell declares (one `name: type = literal  # help` a line)."""
+    declared, untyped = _read_cell(source, origin)
+    if untyped:
+        raise DiagkitError(f"{origin}: the parameters cell holds only `name: type = literal`")
+    return declared
+
+
+def _read_cell(source: str, origin: str) -> tuple[dict[str, Parameter], list[str]]:
+    """A parameters cell's typed parameters, and the names it assigns without a type (`stepz
+    = 3`: a line a user edited). Anything but literals assigned to names is refused."""
     comments = {tok.start[0]: tok.string.lstrip("# ").strip()
                 for tok in tokenize.generate_tokens(io.StringIO(source).readline)
                 if tok.type == tokenize.COMMENT}
-    out = {}
+    out, untyped = {}, []
     for node in ast.parse(source).body:
         if isinstance(node, ast.ImportFrom) and node.module == "typing":
             continue  # `from typing import Optional`: what the annotations below need
-        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
+        if (isinstance(node, ast.Assign) and node.value is not None
+                and all(isinstance(t, ast.Name) for t in node.targets)):
+            ast.literal_eval(node.value)  # a literal, or ValueError: not a parameters cell
+            untyped += [t.id for t in node.targets]
+            continue
+        if (not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name)
+                or node.value is None):
             raise DiagkitError(f"{origin}: the parameters cell holds only `name: type = literal`")
         name = node.target.id
         out[name] = Parameter(name, _annotation_types(node.annotation),
                               ast.literal_eval(node.value), comments.get(node.lineno, ""))
-    return out
+    return out, untyped
 
 
-def _from_history(namespace: dict) -> dict[str, Parameter] | None:
+@dataclasses.dataclass(frozen=True)
+class _RanCell:
+    """The parameters cell as the kernel ran it: what it declares, what it assigns untyped."""
+    declared: dict[str, Parameter]
+    untyped: list[str]
+
+
+def _from_history(namespace: dict, shipped: dict[str, Parameter] | None) -> _RanCell | None:
     """The parameters cell as the running kernel executed it: the last cell in IPython's input
-    history that is a parameters cell. So a notebook checks itself against its own cell, with
-    or without the repository's copy of it at hand (an installed wheel, a copied notebook)."""
+    history that holds only literals assigned to names, one at least typed (and, when the
+    shipped notebook is at hand, one at least of its parameters: a cell of the user's own such
+    as `lr: float = 0.1` is not it). Papermill's injected cells are not it either. So a
+    notebook checks itself against its own cell, with or without the repository's copy of it
+    at hand (an installed wheel, a copied notebook)."""
     for source in reversed(namespace.get("In", []) or []):
-        if not isinstance(source, str) or not source.strip():
+        if (not isinstance(source, str) or not source.strip()
+                or source.startswith(_INJECTED_HEADER)):
             continue
         try:
-            return parse_cell(source) or None
+            declared, untyped = _read_cell(source, "the parameters cell")
         except (DiagkitError, SyntaxError, ValueError, tokenize.TokenError):
             continue
+        if declared and (shipped is None or set(declared) & set(shipped)):
+            return _RanCell(declared, untyped)
     return None
 
 
@@ -152,17 +181,41 @@ def _validate(values: dict, declared: dict[str, Parameter]) -> dict:
 
 def check_parameters(namespace: dict, notebook: str = DIAGNOSE) -> dict:
     """Called by a notebook right after its parameters: reject names papermill injected but
-    the notebook does not declare, and wrong values, before any work starts. The contract is
-    the parameters cell the kernel ran, else the shipped notebook's."""
-    known = declared(namespace, notebook)
+    the notebook does not declare, names in the parameters cell itself that the notebook does
+    not know (a parameter renamed in JupyterLab: `stepz = 3`), and wrong values, before any
+    work starts. The contract is the parameters cell the kernel ran, else the shipped
+    notebook's."""
+    shipped = _shipped(notebook)
+    cell = _from_history(namespace, shipped)
+    known = _contract(cell, shipped, notebook)
     _refuse_unknown(dict.fromkeys(injected(namespace)), known)
+    if cell is not None:
+        _refuse_unknown(dict.fromkeys(cell.untyped), known)
+        if shipped is not None:  # a typed line renamed: the notebook's code knows no such name
+            _refuse_unknown(cell.declared, shipped)
     return _validate({name: namespace[name] for name in known if name in namespace}, known)
 
 
 def declared(namespace: dict, notebook: str = DIAGNOSE) -> dict[str, Parameter]:
-    """The contract a running notebook answers to: the parameters cell the kernel ran, else
-    the shipped notebook's."""
-    return _from_history(namespace) or parameters(notebook)
+    """The contract a running notebook answers to: the parameters cell the kernel ran (over
+    the shipped notebook's, which fills in a line the cell lacks), else the shipped one's."""
+    shipped = _shipped(notebook)
+    return _contract(_from_history(namespace, shipped), shipped, notebook)
+
+
+def _contract(cell: _RanCell | None, shipped: dict[str, Parameter] | None,
+              notebook: str) -> dict[str, Parameter]:
+    if cell is None:
+        return parameters(notebook)  # (not found: one line saying where it looked)
+    return {**(shipped or {}), **cell.declared}
+
+
+def _shipped(notebook: str) -> dict[str, Parameter] | None:
+    """The shipped notebook's parameters, or None where it is out of reach."""
+    try:
+        return parameters(notebook)
+    except DiagkitError:
+        return None
 
 
 def injected(namespace: dict) -> set[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import io
+from datetime import datetime
 from pathlib import Path
 
 from ..core.errors import DiagkitError
@@ -18,6 +19,33 @@ from ..core.swap import recover
 from . import contract
 from .paths import resolve_paths
 from .printed import collected
+
+
+class Cleared:
+    """What `settings`, `diag` and `printed` hold from the moment a run is asked for until it
+    has finished: any use of it raises one line. In JupyterLab, a cell that fails during "run
+    all" does not always stop the cells queued after it (ipykernel aborts only the requests it
+    has already received): those cells would show the previous run's diagnosis under the
+    error. Cleared first, they say instead that there is no result for these parameters."""
+
+    def __init__(self, what: str = "diagnosis"):
+        self._what = what
+
+    def refuse(self, *_args, **_kwargs):
+        """Raise the one line: no result for the current parameters."""
+        raise DiagkitError(f"no {self._what} for the current parameters: a cell above failed "
+                           "or has not run yet (fix it, then run the cells from the "
+                           "parameters cell on)")
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # IPython's display looks for _repr_*_ and the like
+            raise AttributeError(name)
+        self.refuse()
+
+    __getitem__ = __iter__ = __len__ = __bool__ = __call__ = refuse
+
+    def __repr__(self) -> str:
+        return f"<no {self._what}: a cell above failed or has not run>"
 
 
 def check_parameters(namespace: dict) -> dict:
@@ -110,13 +138,59 @@ def load_saved(path):
                            f"{type(exc).__name__}: {one_line(exc)[:200]}") from None
 
 
-def origin_html(settings: dict) -> str:
-    """One line above the banner saying where a loaded diagnosis came from (a report rendered
-    later from a saved run must not read as if it had just run); empty for a run."""
-    if not settings.get("diagnosis"):
-        return ""
-    return (f"<p>Saved diagnosis loaded from <code>{html.escape(str(settings['diagnosis']))}"
-            "</code> (not run again).</p>")
+def header_html(settings: dict, diag) -> str:
+    """The first thing the notebook and the report show: what was diagnosed (the target, or
+    the saved folder, not run again), when, and the worst severity (the verdict banner, shown
+    right under it, counts the steps)."""
+    from ..present.sections import severity_chip
+    esc = html.escape
+    saved = settings.get("diagnosis")
+    if saved:
+        what = esc(str(saved))
+        when = (f"a saved diagnosis, written {_when(_saved_at(Path(saved)))}, loaded from there "
+                "(not run again)")
+    else:
+        what = esc(str(settings.get("target")))
+        when = f"run {_when(datetime.now().astimezone())}"
+    worst, n = diag.worst(), len(diag.findings or [])
+    verdict = (severity_chip(worst, f"worst: <b>{worst}</b> "
+                                    f"({n}\u00a0finding{'s' if n != 1 else ''})")
+               if worst else severity_chip("ok", "<b>no findings</b>"))
+    return (f'<div class="diagkit-header"><h1 style="margin:0 0 4px;font-size:1.6em;'
+            f'overflow-wrap:anywhere">{what}</h1><p style="margin:0 0 6px">{when} '
+            f'{verdict}</p></div>')  # (the banner below counts the steps)
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M %Z").strip() if moment else "at an unknown time"
+
+
+def _saved_at(folder: Path) -> datetime | None:
+    """When a saved diagnosis was written: its run.json's time (`Diagnosis.save`)."""
+    try:
+        return datetime.fromtimestamp((folder / "run.json").stat().st_mtime).astimezone()
+    except OSError:
+        return None
+
+
+def html_or_nothing(text: str):
+    """HTML to show, or None when there is nothing: an empty section shows no output at all
+    (the report folds the sections that show nothing into one line)."""
+    from IPython.display import HTML
+    return HTML(text) if text else None
+
+
+def over_the_run(diag) -> None:
+    """A whole-run watch's timeline (its findings over the steps, the wiring changes) and the
+    list of changes; nothing for a run that was not watched whole (there is no timeline)."""
+    events = (diag.meta or {}).get("events")
+    if events is None and not (diag.meta or {}).get("timeline"):
+        return
+    from IPython.display import HTML, display
+    from ..present.timeline import events_html, timeline_figure, timeline_table
+    display(show(timeline_figure(timeline_table(diag), events,
+                                 diag.meta.get("optimizer_steps"))))
+    display(HTML(events_html(events)))
 
 
 def show(fig):
@@ -150,6 +224,8 @@ def write_outputs(diag, out_dir: str | None) -> list[str]:
 
 def explorer(diag, enabled: bool = True):
     """The interactive explorer, or nothing in a rendered report (widgets need a live kernel)."""
+    if isinstance(diag, Cleared):
+        diag.refuse()
     if not enabled:
         return None
     from ..present.explorer import explore

@@ -4,11 +4,14 @@ The report is the notebook itself, executed headless (`notebooks/diagnose.ipynb`
 user opens in JupyterLab), rendered with a template that loads nothing from the network. All
 files are first written to a scratch folder beside the output folder, then moved in, the HTML
 last: a reader never sees a half-written report that looks complete. If a cell fails or the
-kernel dies, the HTML is still written, showing what ran and the error.
+kernel dies, the HTML is still written, showing what ran and the error. The HTML leaves out
+the notebook's instructions and folds its empty sections into one line (`report_cells`);
+`report.ipynb` keeps every cell.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -25,6 +28,7 @@ from . import signals
 from .contract import DIAGNOSE, notebook_path
 from .notebook import validate
 from .paths import LAUNCH_ENV
+from .report_cells import for_report, merged_intro
 
 _TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 
@@ -60,15 +64,15 @@ def write_report(out, sections: dict[str, dict], show_code: bool = False,
             data_dir = scratch if len(checked) == 1 else scratch / _slug(name)
             nb, error = _execute(params, data_dir, scratch / f".{_slug(name)}.ipynb", notebook,
                                  name)
-            notebooks.append((name, nb))
+            notebooks.append((name, nb, _findings(data_dir)))
             if error:
                 errors.append(f"{name}: {error}" if len(checked) > 1 else error)
-            worst.append(_worst(data_dir))
+            worst.append(_findings(data_dir).get("worst"))
             timed_out.append(_timed_out(data_dir))
-        merged = _merge(notebooks, title) if len(notebooks) > 1 else notebooks[0][1]
-        merged.metadata["title"] = title
-        nbformat.write(merged, scratch / "report.ipynb")
-        (scratch / "report.html").write_text(_to_html(merged, show_code), encoding="utf-8")
+        shown = [(name, for_report(nb), found) for name, nb, found in notebooks]
+        nbformat.write(_merged(notebooks, title), scratch / "report.ipynb")
+        (scratch / "report.html").write_text(_to_html(_merged(shown, title), show_code),
+                                             encoding="utf-8")
         for leftover in scratch.glob(".*.ipynb"):
             leftover.unlink()
         with signals.deferred():  # the old report or the new one, never a mix
@@ -112,9 +116,9 @@ def _execute(params: dict, data_dir: Path, output: Path, notebook: str, label: s
         nb = nbformat.read(output, as_version=4)
     else:
         nb = nbformat.read(notebook_path(notebook), as_version=4)
-    if error:
+    if error:  # named: the cell that names the target may not have run
         nb.cells.insert(0, nbformat.v4.new_markdown_cell(
-            f"**This report is incomplete.** {_md_escape(error)}"))
+            f"**This report is incomplete.** {_md_escape(label)}: {_md_escape(error)}"))
     return nb, error
 
 
@@ -138,16 +142,24 @@ def _to_html(nb, show_code: bool) -> str:
     return body
 
 
-def _merge(notebooks, title: str):
+def _merged(notebooks, title: str):
+    """One notebook: a single target's as it is; several after an intro that lists them (each
+    part starts with its own header cell, which names its target)."""
     import nbformat
-    merged = nbformat.v4.new_notebook(metadata=notebooks[0][1].metadata)
-    merged.cells.append(nbformat.v4.new_markdown_cell(
-        f"# {_md_escape(title)}\n\n" + "\n".join(f"- {_md_escape(name)}" for name, _ in notebooks)))
-    for part, (name, nb) in enumerate(notebooks):
-        merged.cells.append(nbformat.v4.new_markdown_cell(f"# {_md_escape(name)}"))
+    if len(notebooks) == 1:
+        nb = copy.deepcopy(notebooks[0][1])
+        nb.metadata["title"] = title
+        return nb
+    merged = nbformat.v4.new_notebook(metadata=copy.deepcopy(notebooks[0][1].metadata))
+    merged.metadata["title"] = title
+    merged.cells.append(nbformat.v4.new_markdown_cell(merged_intro(
+        title, [(name, found.get("worst"), (found.get("meta") or {}).get("steps_observed"))
+                for name, _, found in notebooks], _md_escape)))
+    for part, (name, nb, _) in enumerate(notebooks):
         for cell in nb.cells:
             if cell.cell_type == "markdown" and cell.source.startswith("# diagkit:"):
                 continue
+            cell = copy.deepcopy(cell)
             if "id" in cell:  # the same notebook ran once per target: keep cell ids unique
                 cell["id"] = f"t{part}-{cell['id']}"[:64]
             merged.cells.append(cell)
@@ -165,11 +177,10 @@ def _move_into(scratch: Path, out: Path) -> None:
         os.replace(entry, target)
 
 
-def _worst(data_dir: Path) -> str | None:
+def _findings(data_dir: Path) -> dict:
+    """The run's findings.json (worst, meta, ...), or {} when the run did not get that far."""
     findings = data_dir / "findings.json"
-    if not findings.is_file():
-        return None
-    return json.loads(findings.read_text()).get("worst")
+    return json.loads(findings.read_text()) if findings.is_file() else {}
 
 
 def _timed_out(data_dir: Path) -> str | None:

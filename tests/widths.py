@@ -1,0 +1,44 @@
+"""What the width tests measure in a laid-out page (the report in Chromium, the notebook in
+JupyterLab): code that cannot be read without a sideways scroll, and numbers split from
+their units. Each is a JavaScript function of a root element returning a list of problems."""
+
+# Code (a <pre> or <code>, or a box holding code) wider than the box it is shown in: it is cut
+# off, or readable only by scrolling sideways (issue 37: 106 px scroll boxes holding 240-600
+# px of code). Elements not laid out (display:none, a closed <details>) have no width: skipped.
+CLIPPED_CODE = r"""((root) => {
+  const out = [];
+  const seen = new Set();
+  for (const el of root.querySelectorAll('pre, code')) {
+    for (let box = el; box && box !== root.parentElement; box = box.parentElement) {
+      if (seen.has(box) || box.clientWidth === 0) continue;
+      const cs = getComputedStyle(box);
+      const clips = box === el || /auto|scroll|hidden|clip/.test(cs.overflowX);
+      if (clips && box.scrollWidth > box.clientWidth + 1) {
+        seen.add(box);
+        out.push(`${box.tagName.toLowerCase()}.${box.className}: ${box.clientWidth} px `
+                 + `showing ${box.scrollWidth} px: ${el.textContent.slice(0, 60)}`);
+      }
+      if (box.tagName === 'TD' || box.classList.contains('jp-OutputArea-output')) break;
+    }
+  }
+  return out;
+})"""
+
+# A number and its unit ('8.0 KiB', '3 steps', '2 tensors') on two lines.
+SPLIT_UNITS = r"""((root) => {
+  const out = [];
+  const re = /\d[\d.,]*[ \u00a0](?:B|KiB|MiB|GiB|tensors?|steps?)\b/g;
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (node.parentElement.closest('pre, script, style')) continue;
+    for (let m = re.exec(node.data); m; m = re.exec(node.data)) {
+      const range = document.createRange();
+      range.setStart(node, m.index);
+      range.setEnd(node, m.index + m[0].length);
+      const tops = new Set([...range.getClientRects()].filter(r => r.width > 0)
+                                                       .map(r => Math.round(r.top)));
+      if (tops.size > 1) out.push(m[0]);
+    }
+  }
+  return out;
+})"""
