@@ -120,7 +120,7 @@ def test_the_trainers_own_optimizer_and_a_tensor_frozen_when_it_was_built(tmp_pa
             "`get_decay_parameter_names` returns, none for the rest: biases and norms). When "
             "they were built, it did not require grad. A tensor unfrozen later does not join "
             "them.") in orphan.message
-    assert orphan.fix.startswith("Make it trainable before trainer.train(), or give the "
+    assert orphan.fix.startswith("Make it trainable before trainer.train().\nOr give the "
                                  "Trainer groups that hold it from the start")
     assert "optimizers=(torch.optim.AdamW(model.parameters()" in orphan.fix
     assert "override `Trainer.create_optimizer`" in orphan.fix
@@ -152,7 +152,7 @@ def test_a_head_attached_after_the_trainer_built_its_optimizer(tmp_path):
     orphan = the_orphan(train(tmp_path, tiny_classifier(), ReplaceHead()))
     assert ("When they were built, it was not a parameter of the model they were built from."
             in orphan.message)
-    assert orphan.fix.startswith("Attach it to the model before trainer.train(), or give the "
+    assert orphan.fix.startswith("Attach it to the model before trainer.train().\nOr give the "
                                  "Trainer groups that hold it: pass `Trainer(..., optimizers="
                                  "(optimizer, None))` with an optimizer built after it was "
                                  "attached")
@@ -166,8 +166,9 @@ def test_a_head_replaced_during_a_whole_run(tmp_path):
             "this one was put in its place afterwards, or the groups were changed."
             in orphan.message)
     assert orphan.fix.startswith('Put the new tensor in the optimizer as you put it in the '
-                                 'model: trainer.optimizer.add_param_group({"params": '
-                                 '[model.score.weight]})')
+                                 'model. Add it to the optimizer group that fits it (group 0: ')
+    assert ('\n    trainer.optimizer.param_groups[0]["params"].append(trainer.model.score.weight)'
+            '\n') in orphan.fix
 
 
 def test_groups_not_by_the_trainers_rule_say_which_setting_chose_them(tmp_path):

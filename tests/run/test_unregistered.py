@@ -41,7 +41,7 @@ def test_modules_in_a_plain_list_are_unregistered_and_named_by_path():
     assert p.loc["cells[1].weight_ih", "grad_norm"] > 0
     [finding] = [f for f in diag.findings if f.code == "unregistered"]
     assert finding.severity == "error" and finding.module == "cells" and finding.count == 8
-    assert "self.cells = nn.ModuleList([...])" in finding.fix
+    assert "\n    self.cells = nn.ModuleList(self.cells)\n" in finding.fix
     assert "register_buffer" in finding.fix
     assert diag.verdicts()["head.weight"] == {"ok"}
 
@@ -50,7 +50,7 @@ def test_plain_tensor_and_dict_entry_get_parameter_fixes():
     diag = run(PlainMemory())
     assert unregistered(diag) == {"mem_keys", "memory['values']"}
     fixes = {f.params: f.fix for f in diag.findings if f.code == "unregistered"}
-    assert "self.mem_keys = nn.Parameter(mem_keys)" in fixes[("mem_keys",)]
+    assert "    self.mem_keys = nn.Parameter(self.mem_keys)" in fixes[("mem_keys",)]
     assert "nn.ParameterDict" in fixes[("memory['values']",)]
     # Nothing zeroes their .grad either: it piles up, and the steps show it.
     s = diag.steps[diag.steps["name"] == "mem_keys"]

@@ -17,10 +17,12 @@ from .wording import accessor, iter_expr, params_expr, roots
 _EXPLICIT = 3  # tensors of one subtree listed one by one; past it, a filter on .parameters()
 
 
-def join(label: str, group: pd.DataFrame, root=None) -> tuple[str, str] | None:
+def join(label: str, group: pd.DataFrame, root=None,
+         optimizer: str | None = None) -> tuple[str, str] | None:
     """(words, code) that put the tensors of an orphan's finding into the groups that fit them
     (`judge.homes`: the weight decay of their kind, then their neighbours'), None when no
-    optimizer holds any tensor. `root`: what the code calls the model (else the user's name)."""
+    optimizer holds any tensor. `root`, `optimizer`: what the code calls the model and the
+    (only) optimizer, else the user's names (`wording.roots`)."""
     ctx = group.attrs.get("context")
     params = getattr(ctx, "params", None)
     if params is None:
@@ -36,7 +38,7 @@ def join(label: str, group: pd.DataFrame, root=None) -> tuple[str, str] | None:
     settings = group_settings(params)
     lines, said = [], []
     for (i, j), names in sorted(by_pair.items()):
-        target = f'{r.optimizer(i)}.param_groups[{j}]["params"]'
+        target = f'{optimizer or r.optimizer(i)}.param_groups[{j}]["params"]'
         lines.append(target + _added(label, group, names, len(by_pair), root))
         said.append(_group_words(i, j, settings.get((i, j), {}), r, several=_optimizers(params)))
     plural = "s" if len(by_pair) > 1 else ""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..core.fixtext import compose
 from ..measure.cells import place
+from . import fix_code
 from .wording import params_expr
 
 # The framework hooks in which a user builds the optimizer a trainer then uses.
@@ -47,20 +48,26 @@ def hook_root(hook: str) -> str:
     return "self.model" if hook == "create_optimizer" else "self"
 
 
-def trainer_lever(label: str, group, joined: tuple, freeze: tuple) -> tuple[str, str] | None:
+def trainer_lever(label: str, group) -> tuple[str, str] | None:
     """(what the message adds, the fix) for an orphan under the HF Trainer's optimizer,
     handed in (`optimizers=`) or built by the Trainer itself; None for any other optimizer.
-    `joined`, `freeze`: the (words, code) alternatives that put the tensors in the groups that
-    fit them, or freeze them (`judge.fix_code`)."""
+    Its code names them as a notebook reaches them after training, `trainer.model` and
+    `trainer.optimizer` (the callback's names, `integrations.transformers.NAMES`)."""
     records = [r for r in group.attrs.get("sources") or ()
                if r.get("lever") in ("optimizers", "trainer")]
     if not records:
         return None
+    joined = fix_code.join(label, group, "trainer.model", "trainer.optimizer") or (
+        "Add it to the optimizer:", f'trainer.optimizer.add_param_group({{"params": '
+        f'{params_expr(label, group, "trainer.model")}}})')
+    freeze = ("Or, if it should stay fixed, freeze it:",
+              fix_code.freeze(label, group, "trainer.model"))
     names = list(group["name"])
     seen = {key: sorted({n for r in records for n in r.get(key) or ()} & set(names))
             for key in ("frozen_then", "absent_then")}
     if records[0]["lever"] == "optimizers":
-        return _handed(records[0], seen, names, params_expr(label, group), freeze)
+        # words about the user's own code, where the optimizer is built before Trainer(...)
+        return _handed(records[0], seen, names, params_expr(label, group, "model"), freeze)
     return _built(records[0], seen, names, joined, freeze,
                   own=params_expr(label, group, hook_root("create_optimizer")))
 

@@ -47,12 +47,12 @@ def _explain_orphan(label, group, steps):
                     "not_in_model), not these.")
         return message, ("Build the optimizer after sharding: fully_shard(...) every module "
                          "first, then torch.optim.AdamW(model.parameters(), ...).")
+    trainer = trainer_lever(label, group)
+    if trainer is not None:
+        return message + trainer[0], trainer[1]
     joined = fix_code.join(label, group) or (
         "Add it to an optimizer:",
         f'{roots(group).optimizer()}.add_param_group({{"params": {params_expr(label, group)}}})')
-    trainer = trainer_lever(label, group, joined, freeze)
-    if trainer is not None:
-        return message + trainer[0], trainer[1]
     prefixed = [n for n in names if n.startswith("module.")]
     if prefixed:
         # A `module.` name is what the target's own code saw (diagkit's own DDP wrap adds no
