@@ -182,10 +182,11 @@ def test_a_live_watch_takes_sigterm_and_gives_the_users_handler_back(users_sigte
     """While it observes, SIGTERM saves the watch first (tests/e2e/test_watch_ends.py runs
     it); when the watch ends, by its steps or by stop(), the user's handler is back."""
     model, opt = dead_head()
+    model2, opt2 = dead_head()  # a second run: one watch per optimizer (docs/workbook.md)
     w = diagkit.watch(model, opt, steps=2)
     assert signal.getsignal(signal.SIGTERM) is not users_sigterm
-    w2 = diagkit.watch(model, opt, steps=50)  # two live watches: one handler, kept until both end
-    plain_loop(model, opt, 2)
+    w2 = diagkit.watch(model2, opt2, steps=50)  # two live watches: one handler, kept until
+    plain_loop(model, opt, 2)                   # both end
     assert w.done and signal.getsignal(signal.SIGTERM) is not users_sigterm
     w2.stop()
     assert signal.getsignal(signal.SIGTERM) is users_sigterm
