@@ -125,7 +125,7 @@ class Watch:
         # read from the caller's watch(...) statement
         self.sources = (sources if sources is not None else
                         watch_sources(caller, optimizers) if caller is not None else [])
-        if not self.names and caller is not None:  # what the fixes call them (docs/watch.md)
+        if not self.names and caller is not None:  # the fixes' names (README, "Reading a finding")
             self.names = watch_names(caller, model, inner, len(optimizers))
         if not self.inventory.tensors:
             raise DiagkitError("the model has no parameters and the optimizers hold none: "
