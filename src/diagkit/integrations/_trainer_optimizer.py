@@ -23,8 +23,8 @@ import contextlib
 import linecache
 import os
 
-from ..measure.handed import handed_sources
-from ..measure.provenance import _installed, class_name, listed_group_lines
+from ..measure.handed import handed_sources, listed_group_lines
+from ..measure.provenance import _installed, class_name
 
 
 class Snapshot:

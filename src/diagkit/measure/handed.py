@@ -8,7 +8,8 @@ of an optimizer class (looked up in the caller's namespace, never called), or a 
 user's function with a single `return`. The class found must be the optimizer's own class;
 else the record shows the argument itself, labelled "handed to". The records are those of
 `measure.provenance` (JSON-able dicts), plus `lever` (the keyword) and `lever_at` (file:line,
-or "cell [n], line k" in a notebook).
+or "cell [n], line k" in a notebook). `listed_group_lines`: a group's own element of the list a
+framework's construction built (the HF Trainer's `create_optimizer`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import types
 import torch
 
 from .cells import cell_number, place
-from .provenance import (_assignment, _from_call, _installed, _lines, _parse, class_name,
-                         code_file, statement, user_site)
+from .provenance import (_assignment, _from_call, _installed, _lines, _outer_call, _parse,
+                         class_name, code_file, statement, user_site)
 
 _DEPTH = 3  # names and functions followed from the argument to the optimizer's class call
 
@@ -132,3 +133,24 @@ def _own_nodes(func):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
                                  ast.ClassDef)):
             todo.extend(ast.iter_child_nodes(node))
+
+
+def listed_group_lines(file: str, call_line: int, group: int, groups: int) -> dict | None:
+    """Group `group`'s element of the first literal list of `groups` groups
+    (`[{"params": ...}, ...]`) assigned, in the function of the call at `call_line`, to the
+    name that call passes. For a library's construction whose groups were checked to be that
+    list's (the HF Trainer's), where the last assignment before the call (what `_from_call`
+    shows) may be a branch that did not run. None when there is no such list."""
+    tree, stmt, func = statement(file, call_line)
+    call = _outer_call(stmt)
+    name = call.args[0] if call is not None and call.args else None
+    if func is None or not isinstance(name, ast.Name):
+        return None
+    lists = sorted((n for n in ast.walk(func) if isinstance(n, ast.Assign)
+                    and n.lineno < call_line and isinstance(n.value, ast.List)
+                    and any(isinstance(t, ast.Name) and t.id == name.id for t in n.targets)
+                    and all(isinstance(e, ast.Dict) for e in n.value.elts)),
+                   key=lambda n: n.lineno)
+    if not lists or len(lists[0].value.elts) != groups:
+        return None
+    return {**_lines(file, lists[0].value.elts[group], "trainer"), "call_line": call_line}

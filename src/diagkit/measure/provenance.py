@@ -9,10 +9,12 @@ in the same function that assigned that name (found with `ast`), else the call's
 
 `watch_sources(frame, n)`: for `diagkit.watch`, where the optimizers already exist, the same
 search started from the caller's `watch(...)` statement (the optimizer argument's name is
-resolved to its assignment in the caller's function). The records are plain JSON-able dicts:
-{"optimizer", "group", "class", "file", "line", "lines", "how"}, and from a recording
-"function" (the user's function that built the group: a framework's hook such as
-Lightning's `configure_optimizers` names the user's lever).
+resolved to its assignment in the caller's function, or in a notebook in the cells run
+before). The records are plain JSON-able dicts: {"optimizer", "group", "class", "file", "line",
+"lines", "how"}, "cell" (the number of the notebook cell `file` is: `measure.cells`; "cells" maps
+each cell file a record names to its number), and from a recording "function" (the user's
+function that built the group: a framework's hook such as Lightning's `configure_optimizers`
+names the user's lever).
 """
 
 from __future__ import annotations
@@ -235,27 +237,6 @@ def _from_call(file: str, scope, stmt, group: int, how: str) -> dict:
     found = (_lines(file, made, "assigned", also=stmt) if made is not None
              else _lines(file, stmt, how))
     return {**found, "call_line": stmt.lineno}
-
-
-def listed_group_lines(file: str, call_line: int, group: int, groups: int) -> dict | None:
-    """Group `group`'s element of the first literal list of `groups` groups
-    (`[{"params": ...}, ...]`) assigned, in the function of the call at `call_line`, to the
-    name that call passes. For a library's construction whose groups were checked to be that
-    list's (the HF Trainer's), where the last assignment before the call (what `_from_call`
-    shows) may be a branch that did not run. None when there is no such list."""
-    tree, stmt, func = statement(file, call_line)
-    call = _outer_call(stmt)
-    name = call.args[0] if call is not None and call.args else None
-    if func is None or not isinstance(name, ast.Name):
-        return None
-    lists = sorted((n for n in ast.walk(func) if isinstance(n, ast.Assign)
-                    and n.lineno < call_line and isinstance(n.value, ast.List)
-                    and any(isinstance(t, ast.Name) and t.id == name.id for t in n.targets)
-                    and all(isinstance(e, ast.Dict) for e in n.value.elts)),
-                   key=lambda n: n.lineno)
-    if not lists or len(lists[0].value.elts) != groups:
-        return None
-    return {**_lines(file, lists[0].value.elts[group], "trainer"), "call_line": call_line}
 
 
 def statement(file: str, line: int):
