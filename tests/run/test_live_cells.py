@@ -105,3 +105,25 @@ def test_a_cell_run_again_stops_the_earlier_watch_on_its_optimizer():
                           "observed; its diagnosis stays in it): this one replaces it\n")
     assert got["first"] and got["first_steps"] == 3
     assert got["second"] and got["second_steps"] == 4
+
+
+def test_a_whole_run_cell_run_again_with_a_new_optimizer_stops_the_earlier_watch():
+    """A whole run adopts any new optimizer of its model at its first step: the earlier one
+    would watch the new optimizer too."""
+    got = in_ipython("""
+        import contextlib, io
+        first = diagkit.watch(model, opt, steps=None, every=1, live=False)
+        train(3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)   # the cell builds it again
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            second = diagkit.watch(model, opt, steps=None, every=1, live=False)
+        train(5)
+        print(json.dumps({"first": first.done, "err": err.getvalue(),
+                          "events": second.stop().meta["events"]}))
+    """)
+    # (the lines before it: the earlier watch's findings, logged as it ended)
+    assert got["err"].splitlines()[-1] == ("diagkit: stopped the earlier watch on this model (3 "
+                                           "steps observed; its diagnosis stays in it): this one "
+                                           "replaces it")
+    assert got["first"] and got["events"] == []

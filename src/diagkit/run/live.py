@@ -234,7 +234,6 @@ class LiveFeed:
     def _end(self, diagnosis) -> None:
         """The final count and findings, at once; the explorer now if no cell is running,
         else when the cell ends (`live_cells.Cells`)."""
-        self.trail.release()
         if diagnosis is not None and not self._stopped:
             try:
                 self._findings = list(diagnosis.findings)
@@ -243,6 +242,7 @@ class LiveFeed:
                            events, self.cells.ended_note())
             except Exception as exc:
                 self._stop(exc)
+        self.trail.release()
         self.cells.ended(diagnosis)
 
     def show_explorer(self, diagnosis) -> None:

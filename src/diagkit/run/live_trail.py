@@ -41,8 +41,10 @@ class Trail:
         return len(new)
 
     def release(self) -> None:
-        """Forget the recording object (the watch ended: nothing of it is held here)."""
-        self._source = None
+        """Forget everything (the watch ended: nothing of its records is held here)."""
+        self._source, self._read = None, 0
+        self.steps.clear()
+        self._index.clear()
 
     def _position(self, names: list, rows, name: str) -> int | None:
         """Where `name` is in a record over `names` holding `rows` (None: not there)."""

@@ -64,21 +64,23 @@ def started(w) -> None:
 
 
 def replace_earlier(w, model, optimizers) -> None:
-    """A watch still on over the same optimizers (any in common, by identity), or, with none,
-    the same model's tensors, is stopped, and one line says so: a notebook cell run again
-    starts a second watch, and two watches on one optimizer would observe each step twice
-    (docs/workbook.md, "The live view")."""
-    if optimizers:
-        mine, what = {id(o) for o in optimizers}, "optimizer"
-    else:
-        mine, what = {id(t) for t in model.parameters()}, "model"
+    """A watch still on over the same optimizers (any in common, by identity), or over the
+    same model's tensors where it has no optimizer or watches the whole run (which adopts any
+    new optimizer of the model at its first step), is stopped, and one line says so: a
+    notebook cell run again starts a second watch, and two watches would observe each step
+    twice (docs/workbook.md, "The live view")."""
+    mine = {id(o) for o in optimizers}
+    tensors = {id(t) for t in model.parameters()}
     for ref in list(_LIVE):
         old = ref()
         if old is None or old is w or old.done:
             continue
-        theirs = ({id(o) for o in old.optimizers} if optimizers else
-                  {id(t) for t in getattr(old.inventory, "tensors", ())})
-        if (optimizers and not old.optimizers) or not mine & theirs:
+        if mine & {id(o) for o in old.optimizers}:
+            what = "optimizer"
+        elif (not (optimizers and old.optimizers) or old.steps is None) and \
+                tensors & {id(t) for t in getattr(old.inventory, "tensors", ())}:
+            what = "model"
+        else:
             continue
         observed = old.clock.observed if old.clock is not None else 0
         of = "" if old.steps is None else f" of {old.steps}"
