@@ -4,10 +4,24 @@ their units. Each is a JavaScript function of a root element returning a list of
 
 # Code (a <pre> or <code>, or a box holding code) wider than the box it is shown in: it is cut
 # off, or readable only by scrolling sideways (issue 37: 106 px scroll boxes holding 240-600
-# px of code). Elements not laid out (display:none, a closed <details>) have no width: skipped.
+# px of code); inline code running past the edge of its cell or paragraph; a table cell whose
+# text runs out of it (a column too narrow for its words). Elements not laid out
+# (display:none, a closed <details>) have no width: skipped.
 CLIPPED_CODE = r"""((root) => {
   const out = [];
   const seen = new Set();
+  for (const td of root.querySelectorAll('td')) {
+    if (td.clientWidth && td.scrollWidth > td.clientWidth + 1)
+      out.push(`td: ${td.clientWidth} px holding ${td.scrollWidth} px: `
+               + td.textContent.slice(0, 60));
+  }
+  for (const code of root.querySelectorAll('code')) {
+    const box = code.parentElement.closest('td, th, p, li, div, pre');
+    const r = code.getBoundingClientRect(), b = box && box.getBoundingClientRect();
+    if (b && r.width && b.width && r.right > b.right + 1)
+      out.push(`code past the edge of its ${box.tagName.toLowerCase()} by `
+               + `${Math.round(r.right - b.right)} px: ${code.textContent.slice(0, 60)}`);
+  }
   for (const el of root.querySelectorAll('pre, code')) {
     for (let box = el; box && box !== root.parentElement; box = box.parentElement) {
       if (seen.has(box) || box.clientWidth === 0) continue;

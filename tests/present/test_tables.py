@@ -89,7 +89,7 @@ def test_findings_table_has_every_code_and_escaped_fix(name):
         assert human_bytes(f.bytes).replace(" ", NBSP) in out
     # each finding, then its fix the whole width of the table under it
     assert len(re.findall(r'<tr class="(?:error|warning|info)">', out)) == len(d.findings)
-    assert out.count('<tr class="diagkit-fix-row"><td colspan="5"') == len(d.findings)
+    assert out.count('<tr class="diagkit-fix-row"><td colspan="4"') == len(d.findings)
     assert "<button" not in out  # no copy button unless the page runs script
 
 

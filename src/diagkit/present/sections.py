@@ -93,11 +93,11 @@ def not_measured_line(diag) -> str:
 
 
 def findings_table(findings, copy: bool = False) -> str:
-    """Two rows per finding, worst first: severity, verdict, where, tensors, bytes and the
-    message; then, the whole width of the table under it, the fix (words, and each block of
-    code to paste, with a copy button when `copy`: the page runs script) and the lines that
-    built the optimizer group. Code gets the full width and wraps: readable at 968 px without
-    a sideways scroll bar."""
+    """Two rows per finding, worst first: severity, verdict, where, tensors and bytes; then,
+    the whole width of the table under them, what was found, the fix (its words, and each
+    block of code to paste, with a copy button when `copy`: the page runs script) and the
+    lines that built the optimizer group. Prose and code get the full width and wrap: readable
+    in JupyterLab's ~520 px output at a 968 px window, never scrolled sideways."""
     if not findings:
         return '<p class="diagkit-findings">No findings: every tensor is wired correctly.</p>'
     esc = html.escape
@@ -114,24 +114,24 @@ def findings_table(findings, copy: bool = False) -> str:
             f"<td style='{_LEFT}'>{dotted_breaks(esc(where))}</td>"
             f"<td style='text-align:right;vertical-align:top'>{int(f.count or 0)}</td>"
             f"<td style='text-align:right;vertical-align:top;white-space:nowrap'>"
-            f"{keep_units(human_bytes(int(f.bytes or 0)))}</td>"
-            f"<td style='{_LEFT}'>{prose(f.message)}</td></tr>"
-            f'<tr class="diagkit-fix-row"><td colspan="5" class="diagkit-fix" '
-            f"style='{_LEFT};padding-bottom:10px'>{fix_html(f.fix, copy)}"
-            f"{source_html(getattr(f, 'source', ()))}</td></tr>")
+            f"{keep_units(human_bytes(int(f.bytes or 0)))}</td></tr>"
+            f'<tr class="diagkit-fix-row"><td colspan="4" class="diagkit-fix" '
+            f"style='{_LEFT};padding-bottom:10px'>"
+            f'<p class="diagkit-message" style="margin:0 0 6px">{prose(f.message)}</p>'
+            f"{fix_html(f.fix, copy)}{source_html(getattr(f, 'source', ()))}</td></tr>")
     # Inline styles: the notebook's own CSS right-aligns table cells and would win over a class.
     head = "".join(f"<th style='{_LEFT}'>{h}</th>" for h in
-                   ("severity", "verdict", "where", "tensors", "bytes", "finding and fix"))
-    # A fixed layout with set widths fits the output area (968 px in JupyterLab): the prose
-    # wraps inside its column instead of widening the table.
+                   ("severity", "verdict", "where", "tensors", "bytes"))
+    # A fixed layout with set widths fits the output area: "where" takes what is left and
+    # wraps a name after its dots; the rows under it span the whole table.
     cols = "".join(f'<col style="width:{w}">' for w in _FINDINGS_WIDTHS)
     return (f'<table class="diagkit-findings" style="width:100%;table-layout:fixed">'
             f"<colgroup>{cols}</colgroup><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
-# Names wrap after their dots, prose between words; never inside a number or an identifier.
-_FINDINGS_WIDTHS = ("6.5em", "11em", "20%", "4.5em", "5.5em", "auto")
+# A verdict is one identifier (25 characters at most: dead_weight_in_checkpoint), never broken.
+_FINDINGS_WIDTHS = ("5.5em", "13em", "auto", "4.5em", "5.5em")
 
 
 def _names_list(names, most: int = 8) -> str:

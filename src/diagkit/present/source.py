@@ -64,12 +64,14 @@ def source_text(sources, indent: str) -> list[str]:
 
 
 def source_html(sources) -> str:
-    """Each group's label and its lines as a code block (escaped); '' without sources."""
+    """Each group's label and its lines as a code block (escaped); '' without sources. A
+    long line wraps in its box (at JupyterLab's 968 px window the box is ~400 px wide): read
+    whole, never cut or scrolled sideways."""
     if not sources:
         return ""
     esc = html.escape
     parts = [f'<div class="diagkit-source"><div style="margin-top:4px">{_label_html(s)}'
-             f'</div><pre style="margin:2px 0;white-space:pre;overflow-x:auto;max-width:100%">'
+             f'</div><pre style="margin:2px 0;white-space:pre-wrap;overflow-wrap:anywhere">'
              f'{esc(chr(10).join(s.get("lines") or ()))}</pre></div>' for s in sources]
     return "".join(parts)
 
