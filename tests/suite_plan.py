@@ -27,6 +27,7 @@ QUICK_E2E = {"e2e/test_zoo.py"}
 SLOW_UNIT = (
     "run/test_cli.py", "run/test_faults.py", "run/test_workbook.py", "run/test_report.py",
     "run/test_report_from.py", "run/test_report_env.py", "run/test_notebook_errors.py",
+    "run/test_notebook_stale.py",
     "run/test_paths.py",
     "run/test_optimizer_source.py::test_meta_memory_under_two_ranks_carries_the_source_to_rank_0",
     "run/test_meta.py::test_a_2b_parameter_model_costs_no_parameter_memory",
