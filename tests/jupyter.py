@@ -135,17 +135,22 @@ SAVE = f"""(() => {{
   return w.context.save().then(() => !w.model.dirty);
 }})()"""
 EXPLORER_SHOWN = """(() => {
-  const img = document.querySelector('.diagkit-explorer .diagkit-explorer-plot');
+  const img = document.querySelector('.diagkit-explorer .diagkit-explorer-plot img');
   return !!(img && img.complete && img.naturalWidth > 0);
 })()"""
 CELL_ERRORS = """Array.from(document.querySelectorAll(
   '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"],'
   + '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.error"]'))
   .map(e => e.textContent.slice(0, 500))"""
-# What a redraw changes: the plot's image (a new blob URL per value) and the table's HTML.
+# What a redraw changes: the plot (its image, a new data URL per figure, and its alt text:
+# their hash here, so that a poll does not carry the whole image) and the table's HTML.
 SNAPSHOT = """(() => {
   const ex = document.querySelector('.diagkit-explorer');
-  return {plot: ex.querySelector('.diagkit-explorer-plot').src,
+  const img = ex.querySelector('.diagkit-explorer-plot img');
+  const src = img.src + img.alt;
+  let hash = 2166136261;
+  for (let i = 0; i < src.length; i++) hash = Math.imul(hash ^ src.charCodeAt(i), 16777619);
+  return {plot: `${src.length}:${hash >>> 0}`,
           table: ex.querySelector('.diagkit-explorer-table').innerHTML,
           status: ex.querySelector('.diagkit-explorer-status').textContent};
 })()"""
@@ -200,8 +205,29 @@ LAYOUT_PROBLEMS = """((controls) => {
   if (table && table.getBoundingClientRect().right > ex.getBoundingClientRect().right + 0.5)
     problems.push(`table: ${Math.round(table.getBoundingClientRect().width)} px wide, the `
                   + `explorer ${Math.round(ex.getBoundingClientRect().width)} px`);
+  // every fact of the table (a number, a shape: one unbreakable span each) whole in its box
+  const rows = ex.querySelector('.diagkit-explorer-rows');
+  for (const span of ex.querySelectorAll('.diagkit-explorer-table td span')) {
+    const r = span.getBoundingClientRect();
+    if (rows && r.width && r.right > rows.getBoundingClientRect().right + 0.5)
+      problems.push(`table: ${span.textContent} cut at the edge`);
+  }
+  // code (a fix, the lines that built a group): every line whole, no box to scroll sideways
+  for (const pre of ex.querySelectorAll('.diagkit-explorer-findings pre')) {
+    if (!pre.getClientRects().length) continue;       // folded away
+    if (pre.scrollWidth > pre.clientWidth + 1)
+      problems.push(`code cut: ${pre.textContent.slice(0, 60)} (${pre.clientWidth} of `
+                    + `${pre.scrollWidth} px)`);
+    if (!inside(pre.getBoundingClientRect(), ex.getBoundingClientRect()))
+      problems.push(`code outside the explorer: ${pre.textContent.slice(0, 60)}`);
+  }
+  for (const img of ex.querySelectorAll('img'))
+    if (!img.alt || img.alt.length < 20) problems.push(`an image without alt text: ${img.alt}`);
   return problems;
 })"""
+# The notebook around the explorer: which cell is active, how many there are.
+NOTEBOOK_STATE = f"""(() => {{ const w = {NOTEBOOK_PANEL};
+  return {{active: w.content.activeCellIndex, cells: w.content.widgets.length}}; }})()"""
 
 
 class Page:
@@ -227,12 +253,16 @@ class Page:
         return (f"Array.from({self.control(name)}.options)"
                 f".find(o => o.text.replace(/\u00a0/g, ' ').startsWith({json.dumps(text)}))")
 
-    def change(self, step: str, act, status: str | None = None, table: bool = True) -> None:
-        """Do `act`, then wait for the plot (and the table, unless `table` is False) to redraw
-        and the status line to contain `status`; then check the layout, take a screenshot."""
+    def change(self, step: str, act, status: str | None = None, table: bool = True,
+               plot: bool = True) -> None:
+        """Do `act`, then wait for the plot (unless `plot` is False) and the table (unless
+        `table` is False) to redraw and the status line to contain `status`; then check the
+        layout, take a screenshot."""
         before = self.b.evaluate(SNAPSHOT)
         act()
-        checks = {"a new plot": f"s.plot !== {json.dumps(before['plot'])}"}
+        checks = {}
+        if plot:
+            checks["a new plot"] = f"s.plot !== {json.dumps(before['plot'])}"
         if table:
             checks["a new table"] = f"s.table !== {json.dumps(before['table'])}"
         if status:
@@ -261,6 +291,21 @@ class Page:
         """The tensors the picker shows selected (names, without their verdicts)."""
         return self.b.evaluate(f"Array.from({self.control('tensors')}.selectedOptions)"
                                ".map(o => o.text.replace(/\u00a0/g, ' ').split('  [')[0])")
+
+    def width(self, pixels: int, height: int = 900) -> None:
+        """Make the window `pixels` wide (JupyterLab lays itself out again)."""
+        self.b.send("Emulation.setDeviceMetricsOverride", width=pixels, height=height,
+                    deviceScaleFactor=1, mobile=False)
+        self.b.evaluate("new Promise(r => setTimeout(r, 800)).then(() => true)")
+
+    def key(self, char: str) -> None:
+        """Type one letter as a key press (keydown, char, keyup), as a keyboard would: what
+        JupyterLab's shortcuts read (an inserted text is no key press)."""
+        code = ord(char.upper())
+        for kind in ("keyDown", "keyUp"):
+            self.b.send("Input.dispatchKeyEvent", type=kind, key=char, code=f"Key{char.upper()}",
+                        windowsVirtualKeyCode=code, nativeVirtualKeyCode=code,
+                        **({"text": char} if kind == "keyDown" else {}))
 
     def type_into(self, name: str, text: str, enter: bool = False) -> None:
         self.b.click(*self.centre(self.control(name)))

@@ -2,10 +2,13 @@
 
 A private `jupyter lab` (loopback, a token, temporary notebook, config, data and runtime
 folders: nothing of the user's is read or written) opens a copy of notebooks/diagnose.ipynb
-and runs it on its defaults. Then every explorer control is changed as a user would (clicks,
-typing, Enter), and after each change: the plot and the table redrew, every control is inside
-the explorer, fully visible and on top where it would be clicked, and the browser logged no
-error. Screenshots of each state go to the test's tmp folder.
+and runs it on its defaults. The explorer leads with the findings and their fixes; a
+finding's button picks its tensors; keys typed in its lists stay there (the notebook's active
+cell does not move, `b` inserts no cell). Then every explorer control is changed as a user
+would (clicks, typing, Enter), and after each change: the plot and the table redrew, every
+control is inside the explorer, fully visible and on top where it would be clicked, no code
+and no table fact is cut, and the browser logged no error; at 1400 and 968 px, light and dark.
+Screenshots of each state go to the test's tmp folder.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import pytest
 
 from browser import SPLIT_PIECES, chromium
 from cdp import Browser
-from jupyter import (CELL_ERRORS, EXPLORER_SHOWN, KERNEL_IDLE, NOTEBOOK_PANEL, RUN_ALL, SAVE,
-                     SNAPSHOT, JupyterLab, Page)
+from jupyter import (CELL_ERRORS, EXPLORER_SHOWN, KERNEL_IDLE, NOTEBOOK_PANEL, NOTEBOOK_STATE,
+                     RUN_ALL, SAVE, SNAPSHOT, JupyterLab, Page)
 
 pytestmark = pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
                                 "(Debian: apt-get install chromium); this test drives it")
@@ -27,6 +30,16 @@ pytestmark = pytest.mark.skipif(chromium() is None, reason="chromium is not inst
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "diagnose.ipynb"
 MEM = "module.metamodel.model.mem_tokens"
+HYPER = "module.hypernet.0.weight"       # the option above module.hypernet.0.bias
+FINDINGS = """(() => {
+  const box = document.querySelector('.diagkit-explorer .diagkit-explorer-findings');
+  return {text: box.textContent,
+          code: Array.from(box.querySelectorAll('pre.diagkit-fix-code')).map(p => p.textContent),
+          first: box.getBoundingClientRect().top <= document.querySelector(
+                   '.diagkit-explorer-verdicts').getBoundingClientRect().top};
+})()"""
+PICK_FIRST = "document.querySelector('.diagkit-explorer .diagkit-finding-pick')"
+ALT = "document.querySelector('.diagkit-explorer-plot img').alt"
 
 
 # ---------------------------------------------------------------------- the test
@@ -50,6 +63,18 @@ def test_explorer_in_jupyterlab(tmp_path):
         # the findings, wiring and explorer tables at 1400 px: no number or identifier split
         assert browser.evaluate(f"{SPLIT_PIECES}(document.querySelector('.jp-Notebook'))") \
             == []
+        findings_lead(browser)
+        keys_stay_in_the_explorer(browser, page)
+        page.change("finding-picked", lambda: browser.click(*page.centre(PICK_FIRST)),
+                    "finding picked: orphan")
+        assert page.picked() == [MEM] and "1 of 20 tensors match" in \
+            browser.evaluate(SNAPSHOT)["status"]
+        # the verdict filter off: the picked tensor still plotted, the note gone
+        page.change("finding-filter-off", lambda: page.pick("verdicts", "orphan (", ctrl=True),
+                    "20 of 20", plot=False)
+        assert "finding picked" not in browser.evaluate(SNAPSHOT)["status"]
+        page.change("finding-tensor-off", lambda: page.pick("tensors", MEM, ctrl=True),
+                    "back to the default selection (1 problem tensor and 5 ok ones)")
 
         page.change("verdict-orphan", lambda: page.pick("verdicts", "orphan ("), "1 of 20")
         page.change("verdict-all", lambda: page.pick("verdicts", "orphan (", ctrl=True),
@@ -87,7 +112,61 @@ def test_explorer_in_jupyterlab(tmp_path):
         page.change("reloaded-module", lambda: page.type_into("module", "module.lm_head"),
                     "2 of 20")
         page.change("reloaded-verdict", lambda: page.pick("verdicts", "orphan ("), "0 of 20")
+        # 968 px: the file browser open, the output area about 520 px; then dark
+        page.width(968)
+        page.check("968")
+        assert browser.evaluate(f"{SPLIT_PIECES}(document.querySelector('.diagkit-explorer'))") \
+            == []
+        page.change("968-verdict-off", lambda: page.pick("verdicts", "orphan (", ctrl=True),
+                    "2 of 20")
+        assert "lr 0.001" in browser.evaluate(SNAPSHOT)["table"]
+        browser.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', "
+                         "{theme: 'JupyterLab Dark'}).then(() => true)")
+        browser.wait_for("document.body.dataset.jpThemeLight === 'false' "
+                         "&& !document.querySelector('#jupyterlab-splash')", timeout=60,
+                         what="the dark theme, its splash screen gone")
+        page.check("968-dark")
+        page.width(1400)
+        page.check("1400-dark")
     assert page.problems == [], "\n".join(page.problems)
+
+
+def findings_lead(browser) -> None:
+    """The findings come first, each with its fix as code (the words apart), the orphan's
+    first; the plot says in words what it draws."""
+    shown = browser.evaluate(FINDINGS)
+    assert shown["first"], "the findings are not above the filters"
+    assert shown["text"].index("orphan") < shown["text"].index("grad_not_cleared")
+    assert "fix:" in shown["text"] and "2 findings" in shown["text"]
+    assert any(MEM.split("module.", 1)[1] in code for code in shown["code"]), shown["code"]
+    assert browser.evaluate(ALT).startswith("Plot of grad_norm per step (log scale)")
+
+
+def keys_stay_in_the_explorer(browser, page) -> None:
+    """ArrowDown in the tensors and the verdicts lists moves their selection, and the
+    notebook's active cell stays; `b` typed there inserts no cell (ipywidgets issue 3912:
+    JupyterLab's shortcuts took both)."""
+    page.change("key-pick", lambda: page.pick("tensors", HYPER))
+    assert page.picked() == [HYPER]
+    before = browser.evaluate(NOTEBOOK_STATE)
+    options = browser.evaluate(f"Array.from({page.control('tensors')}.options)"
+                               ".map(o => o.text.split('  [')[0])")
+    page.key("b")       # the first key pressed in the list (no option starts with a b)
+    browser.evaluate("new Promise(r => setTimeout(r, 1000)).then(() => true)")
+    assert browser.evaluate(NOTEBOOK_STATE) == before, "a key typed in the explorer ran a " \
+        "notebook command"
+    page.change("key-arrow-down", lambda: browser.press("ArrowDown"))
+    assert page.picked() == [options[options.index(HYPER) + 1]]
+    assert browser.evaluate(NOTEBOOK_STATE) == before
+    page.change("key-verdict-ok", lambda: page.pick("verdicts", "ok ("), "19 of 20",
+                plot=False)    # the picked tensor is ok: still plotted
+    page.change("key-arrow-up", lambda: browser.press("ArrowUp"), "1 of 20")
+    assert browser.evaluate(f"Array.from({page.control('verdicts')}.selectedOptions)"
+                            ".map(o => o.text.replace(/\u00a0/g, ' '))") \
+        == ["grad_not_cleared (1)"]
+    assert browser.evaluate(NOTEBOOK_STATE) == before
+    page.change("key-verdicts-off", lambda: page.pick("verdicts", "grad_not_cleared (",
+                                                      ctrl=True), "20 of 20")
 
 
 def test_a_copied_notebook_opens_unmodified(tmp_path):

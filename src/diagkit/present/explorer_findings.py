@@ -10,6 +10,7 @@ that the picker and the table show them too. Presents only; never measures.
 from __future__ import annotations
 
 import html
+import re
 
 import ipywidgets as widgets
 
@@ -20,16 +21,23 @@ from .source import source_html
 
 MOST_FINDINGS = 12   # findings listed; the rest are counted (print(diagnosis) lists them all)
 
-# Code wraps at the box's edge (`pre-wrap`, and inside a word when one word is wider than the
-# box): copied, it is the code as written. The theme's own colours where JupyterLab sets them.
-CODE_STYLE = ("white-space:pre-wrap;overflow-wrap:anywhere;margin:2px 0 4px 0;"
+# Code wraps at the box's edge (`pre-wrap`: between words, after a dot between two names,
+# inside a name only when one is wider than the box; JupyterLab's own `word-break:break-all`
+# for an output's <pre> broke names anywhere): copied, it is the code as written. The theme's
+# own colours where JupyterLab sets them.
+CODE_STYLE = ("white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere;margin:2px 0 4px 0;"
               "padding:4px 8px;border-radius:3px;font-size:12px;line-height:1.4;"
               "font-family:var(--jp-code-font-family,monospace);"
               "background:var(--jp-layout-color2,#f3f3f3);"
               "color:var(--jp-content-font-color1,#111)")
+# Text in an ipywidgets HTML box has the controls' line height (28 px): prose reads closer.
+_TEXT = "<div style='line-height:1.45'>{}</div>"
+# In code, a break may come after a dot between two names (never inside a number).
+_NAME_DOT = re.compile(r"(?<=[\w\])])\.(?=[A-Za-z_])")
 # A finding's building lines (`present.source`) wrap as the fix does, in this box only.
 _SOURCE_STYLE = ("<style>.diagkit-explorer-findings .diagkit-source pre{white-space:pre-wrap"
-                 " !important;overflow-wrap:anywhere;overflow-x:visible !important}</style>")
+                 " !important;word-break:normal;overflow-wrap:anywhere;"
+                 "overflow-x:visible !important}</style>")
 
 
 def title_html(f) -> str:
@@ -43,8 +51,8 @@ def title_html(f) -> str:
         facts.append(_whole(f"{f.count:,} tensor{'s' * (f.count != 1)}"
                             + (f", {human_bytes(int(f.bytes))}" if f.bytes else "")))
     facts += [_whole(w) for w in _when(f)]
-    return (severity_chip(f.severity, esc(f.severity)) + f" <b>{esc(f.code)}</b>{where}"
-            + "".join(f" · {w}" for w in facts))
+    return _TEXT.format(severity_chip(f.severity, esc(f.severity)) + f" <b>{esc(f.code)}</b>"
+                        + where + "".join(f" · {w}" for w in facts))
 
 
 def body_html(f) -> str:
@@ -56,7 +64,7 @@ def body_html(f) -> str:
     if source:
         out.append("<details class='diagkit-finding-source'><summary>where its optimizer "
                    f"groups were built</summary>{_SOURCE_STYLE}{source}</details>")
-    return "".join(out)
+    return _TEXT.format("".join(out))
 
 
 def fix_html(fix: str) -> str:
@@ -67,8 +75,8 @@ def fix_html(fix: str) -> str:
     out = ["<div class='diagkit-fix'><b>fix:</b>"]
     for kind, text in parts:
         if kind == "code":
-            out.append(f"<pre class='diagkit-fix-code' style='{CODE_STYLE}'>"
-                       f"{html.escape(text)}</pre>")
+            code = _NAME_DOT.sub(".<wbr>", html.escape(text))
+            out.append(f"<pre class='diagkit-fix-code' style='{CODE_STYLE}'>{code}</pre>")
         else:
             out.append(f"<div class='diagkit-fix-words'>{html.escape(text)}</div>")
     return "".join(out) + "</div>"
@@ -132,10 +140,10 @@ class FindingsBox(widgets.VBox):
 def _heading(findings) -> str:
     n = len(findings)
     if not n:
-        return "<b>No findings</b>: every tensor is ok."
+        return _TEXT.format("<b>No findings</b>: every tensor is ok.")
     more = (f" (the first {MOST_FINDINGS} here; <code>print(diagnosis)</code> lists all)"
             if n > MOST_FINDINGS else "")
-    return f"<b>{n} finding{'s' * (n != 1)}</b>, worst first{more}:"
+    return _TEXT.format(f"<b>{n} finding{'s' * (n != 1)}</b>, worst first{more}:")
 
 
 def _when(f) -> list[str]:
