@@ -33,8 +33,9 @@ def join(label: str, group: pd.DataFrame, root=None,
     r = roots(group)
     root = r.model if root is None else root
     by_pair: dict[tuple[int, int], list[str]] = {}
+    fallback = min(homes.values())
     for name in group["name"]:
-        by_pair.setdefault(homes.get(name, min(homes.values())), []).append(name)
+        by_pair.setdefault(homes.get(name, fallback), []).append(name)
     settings = group_settings(params)
     lines, said = [], []
     for (i, j), names in sorted(by_pair.items()):
@@ -55,11 +56,10 @@ def _added(label, group, names, pairs, root) -> str:
         return f".extend({accessor(label, root)}.parameters())"
     if len(names) == 1:
         return f".append({accessor(names[0], root)})"
-    rows = group[group["name"].isin(names)]
-    kinds = {no_decay_kind(n, s, t) for n, s, t in zip(rows["name"], rows["shape"],
-                                                       rows["module_type"])}
-    by_dims = all(no_decay_kind(n, s, t) == (len(s) < 2) for n, s, t in zip(
-        group["name"], group["shape"], group["module_type"]) if s is not None)
+    mine = set(names)
+    facts = list(zip(*(group[c].tolist() for c in ("name", "shape", "module_type"))))
+    kinds = {no_decay_kind(n, s, t) for n, s, t in facts if n in mine}
+    by_dims = all(no_decay_kind(n, s, t) == (len(s) < 2) for n, s, t in facts if s is not None)
     if whole and len(names) > _EXPLICIT and len(kinds) == 1 and by_dims:
         test = "p.dim() < 2" if kinds == {True} else "p.dim() >= 2"
         return f".extend(p for p in {accessor(label, root)}.parameters() if {test})"

@@ -38,13 +38,16 @@ def home_groups(params: pd.DataFrame, names) -> dict[str, Pair]:
     if not held:
         return {}
     decay = _group_decay(params)
-    kinds = {k: {decay[p] for p, kind in held_kinds(params) if kind == k and p in decay}
-             for k in (True, False)}
+    kinds: dict[bool, set] = {True: set(), False: set()}  # kind -> the decays it is given
+    for pair, kind in held_kinds(params):
+        if pair in decay:
+            kinds[kind].add(decay[pair])
     under = _under(held)
-    rows = params[params["name"].isin(set(names))]
-    homes = {}
-    for name, module, shape, mtype in zip(rows["name"], rows["module"], rows["shape"],
-                                          rows["module_type"]):
+    wanted, homes = set(names), {}
+    for name, module, shape, mtype in zip(*_columns(params, "name", "module", "shape",
+                                                    "module_type")):
+        if name not in wanted:
+            continue
         kind = no_decay_kind(name, shape, mtype)
         fits = {p for p, wd in decay.items()
                 if wd in kinds[kind] or (kind and wd == 0)} or set(decay)
@@ -56,7 +59,7 @@ def group_settings(params: pd.DataFrame) -> dict[Pair, dict]:
     """{(optimizer, group): {"lr", "weight_decay"}} as the params table shows them (of the
     tensors whose first group it is); a value not known is None."""
     out: dict[Pair, dict] = {}
-    for pairs, lr, wd in zip(params["memberships"], params["lr"], params["weight_decay"]):
+    for pairs, lr, wd in zip(*_columns(params, "memberships", "lr", "weight_decay")):
         pairs = _pairs(pairs)
         if pairs and pairs[0] not in out:
             out[pairs[0]] = {"lr": _number(lr), "weight_decay": _number(wd)}
@@ -66,15 +69,14 @@ def group_settings(params: pd.DataFrame) -> dict[Pair, dict]:
 def held_kinds(params: pd.DataFrame) -> list[tuple[Pair, bool]]:
     """(first group, no-decay kind) of each tensor an optimizer holds."""
     return [(_pairs(pairs)[0], no_decay_kind(n, s, t))
-            for n, s, t, pairs in zip(params["name"], params["shape"], params["module_type"],
-                                      params["memberships"]) if _pairs(pairs)]
+            for n, s, t, pairs in zip(*_columns(params, "name", "shape", "module_type",
+                                                "memberships")) if _pairs(pairs)]
 
 
 def _held(params: pd.DataFrame) -> list[tuple[str, Pair]]:
     """(module, first group) of each tensor of the model an optimizer holds."""
     return [(m, _pairs(pairs)[0]) for m, pairs, inside in zip(
-        params["module"], params["memberships"], params["in_model"])
-        if _pairs(pairs) and bool(inside)]
+        *_columns(params, "module", "memberships", "in_model")) if _pairs(pairs) and bool(inside)]
 
 
 def _group_decay(params: pd.DataFrame) -> dict[Pair, float]:
@@ -104,6 +106,11 @@ def _nearest(module: str, under: dict[str, Counter], fits: set) -> Pair:
         if mine:
             return min(mine, key=lambda c: (-c[0], c[1]))[1]
     return min(fits)
+
+
+def _columns(params: pd.DataFrame, *names: str) -> list[list]:
+    """Columns as lists: a row at a time from an arrow-backed column costs a call each."""
+    return [params[n].tolist() for n in names]
 
 
 def _pairs(pairs) -> list[Pair]:
