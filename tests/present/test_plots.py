@@ -212,3 +212,42 @@ def test_large_run_stays_bounded():
 
 def plots_orphans(params) -> list[str]:
     return [params["name"].iloc[i] for i in ORPHANS]
+
+
+# ------------------------------------------------------------------ the timeline
+def spans_frame():
+    import pandas as pd
+    return pd.DataFrame([
+        {"code": "decay_on_norm_or_bias", "severity": "info", "module": "norm", "since": 1,
+         "until": 40, "ended": None},
+        {"code": "grad_not_cleared", "severity": "warning", "module": "head", "since": 12,
+         "until": 40, "ended": None},
+        {"code": "orphan", "severity": "error", "module": "head", "since": 12, "until": 40,
+         "ended": None},
+        {"code": "unused", "severity": "warning", "module": "", "since": 3, "until": 9,
+         "ended": 10},
+    ])
+
+
+def test_the_timeline_lists_errors_first_and_its_legend_covers_no_bar():
+    """An info finding was listed above the error, and the legend of the wiring changes sat
+    in the axes' corner, over the bars that reach the end of the run."""
+    from diagkit.present import timeline
+    events = [{"step": 12, "what": "head replaced"}]
+    fig = timeline.timeline_figure(spans_frame(), events, 40)
+    render(fig)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "orphan: head", "unused: (model)", "grad_not_cleared: head",
+        "decay_on_norm_or_bias: norm"]
+    legend = ax.get_legend().get_window_extent()
+    axes_box = ax.get_window_extent()
+    assert legend.x0 >= axes_box.x1                       # beside the axes, not over them
+    for bar in ax.patches:
+        assert not bar.get_window_extent().overlaps(legend)
+    alt = timeline.timeline_alt(spans_frame(), events)
+    assert alt.startswith("Timeline of the findings over the run: error orphan in head from "
+                          "step 12 to the end; warning unused in the model from step 3 to "
+                          "step 9 (ended)")
+    assert alt.endswith("Wiring changes at step 12.")
+    assert "no finding held" in timeline.timeline_alt(spans_frame().iloc[:0], [])
