@@ -280,7 +280,11 @@ MEASURE = """<script>
     out.clipped[width] = clipped(document.body);
     out.units[width] = units(document.body);
     out.height[width] = document.documentElement.scrollHeight;
-  }""" + WRITE_OUT
+  }
+  // code in the code font (the lab CSS gives an output's <pre> the text font)
+  out.textfont = [...document.querySelectorAll('.jp-OutputArea-output pre')]
+    .filter(p => !/mono/i.test(getComputedStyle(p).fontFamily))
+    .map(p => p.textContent.slice(0, 40));""" + WRITE_OUT
 WIDTHS = (968, 1400)
 
 
@@ -317,6 +321,7 @@ def test_code_is_readable_without_scrolling_and_numbers_keep_their_units(measure
     source line with the name filter was cut); '8.0 KiB' and '3 steps' never split."""
     assert measured["clipped"][str(width)] == []
     assert measured["units"][str(width)] == []
+    assert measured["textfont"] == []  # indented source lines in the code font
 
 
 FOLDED = ("Over the run", "Fix preview", "Per rank", "Checkpoint", "Explore",
