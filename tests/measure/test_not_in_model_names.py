@@ -55,8 +55,8 @@ def test_diagnose_and_watch_report_not_in_model_under_the_path():
     assert set(found) == {"layers", "temperature"}
     assert set(found["layers"].params) == {"layers[0].weight", "layers[0].bias"}
     assert "`layers[0].weight`" in found["layers"].message
-    assert "nn.ModuleList([...])" in found["layers"].fix
-    assert "self.temperature = nn.Parameter(temperature)" in found["temperature"].fix
+    assert "self.layers = nn.ModuleList(self.layers)" in found["layers"].fix
+    assert "self.temperature = nn.Parameter(self.temperature)" in found["temperature"].fix
     w = diagkit.watch(model, opt, steps=2)
     for _ in range(2):
         opt.zero_grad()
