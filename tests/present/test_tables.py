@@ -85,7 +85,7 @@ def test_findings_table_has_every_code_and_escaped_fix(name):
         assert f">{f.code}</td>" in out
         for kind, text in fixtext.parts(f.fix):  # words as prose, each code block as a <pre>
             shown = f">{html.escape(text)}</pre>" if kind == "code" else html_text.prose(text)
-            assert shown in out, (kind, text)
+            assert shown in out.replace("<wbr>", ""), (kind, text)  # (code breaks at dots)
         assert human_bytes(f.bytes).replace(" ", NBSP) in out
     # each finding, then its fix the whole width of the table under it
     assert len(re.findall(r'<tr class="(?:error|warning|info)">', out)) == len(d.findings)
@@ -99,6 +99,8 @@ def test_a_fix_reads_as_words_and_code_blocks_with_copy_buttons():
                           ("Or, if it should stay fixed, freeze it:",
                            "for p in [model.w]:\n    p.requires_grad_(False)"))
     out = html_text.fix_html(fix, copy=True)
+    assert "model.<wbr>w" in out  # a line of code may break after a dot between names
+    out = out.replace("<wbr>", "")
     assert re.findall(r"<pre[^>]*>(.*?)</pre>", out, re.S) == [
         "optimizer.add_param_group({&quot;params&quot;: [model.w]})",
         "for p in [model.w]:\n    p.requires_grad_(False)"]
@@ -254,7 +256,7 @@ def test_a_fix_in_prose_shows_its_quoted_code_as_code_not_backticks():
     code = Finding("orphan", "error", ("a",), "m",
                    fixtext.compose(("Add it:", "opt.add_param_group({'params': [p]})")),
                    module="a")
-    out = sections.findings_table([prose, code])
+    out = sections.findings_table([prose, code]).replace("<wbr>", "")
     assert "`" not in out
     assert "check that <code>optimizer.step()</code> is reached &lt;here&gt;" in out
     assert re.search(r"<pre [^>]*>opt.add_param_group\(\{&#x27;params&#x27;: \[p\]\}\)</pre>",

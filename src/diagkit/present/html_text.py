@@ -19,6 +19,8 @@ NBSP = "\u00a0"
 _UNIT = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB|tensors?|steps?|ranks?|ms)\b")
 _STEP = re.compile(r"\b(steps?|ranks?) (\d)")
 _BACKTICKS = re.compile(r"`([^`]+)`")
+# In code, a line may break after a dot between two names (never inside a number or a name).
+_NAME_DOT = re.compile(r"(?<=[\w\])])\.(?=[A-Za-z_])")
 
 
 def keep_units(text: str) -> str:
@@ -33,8 +35,11 @@ def prose(text: str) -> str:
 
 
 # Code wraps inside its own box at any width (never a sideways scroll bar: issue 37's 106 px
-# boxes holding 600 px of code); a copied block is the text as written, whatever the wrapping.
-CODE_STYLE = ("margin:2px 0 6px;padding:4px 6px;white-space:pre-wrap;overflow-wrap:anywhere;"
+# boxes holding 600 px of code): between words, after a dot between two names, inside a name
+# only when one is wider than the box (JupyterLab's own `word-break:break-all` for an output's
+# <pre> broke names anywhere). A copied block is the text as written, whatever the wrapping.
+CODE_STYLE = ("margin:2px 0 6px;padding:4px 6px;white-space:pre-wrap;word-break:normal;"
+              "overflow-wrap:anywhere;"
               "background:var(--jp-layout-color2, #f3f3f3);border-radius:3px;"
               "font-family:var(--jp-code-font-family, monospace);font-size:0.95em")
 
@@ -49,7 +54,7 @@ _COPY = ("const p=this.previousElementSibling;const t=p.textContent;"
 
 def code_block(code: str, copy: bool = False) -> str:
     """One block of code to paste: a <pre> that wraps, with a copy button beside it."""
-    body = html.escape(code)
+    body = _NAME_DOT.sub(".<wbr>", html.escape(code))
     if not copy:
         return f'<pre class="diagkit-code" style="{CODE_STYLE}">{body}</pre>'
     return (f'<div class="diagkit-code-row" style="display:flex;align-items:flex-start;gap:6px">'

@@ -71,7 +71,8 @@ def source_html(sources) -> str:
         return ""
     esc = html.escape
     parts = [f'<div class="diagkit-source"><div style="margin-top:4px">{_label_html(s)}'
-             f'</div><pre style="margin:2px 0;white-space:pre-wrap;overflow-wrap:anywhere">'
+             f'</div><pre style="margin:2px 0;white-space:pre-wrap;word-break:normal;'
+             f'overflow-wrap:anywhere">'
              f'{esc(chr(10).join(s.get("lines") or ()))}</pre></div>' for s in sources]
     return "".join(parts)
 
