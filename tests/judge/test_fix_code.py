@@ -17,6 +17,7 @@ from torch import nn
 import diagkit
 from conftest import T, tables
 from diagkit.core import fixtext
+from diagkit.core.result import StepFailure
 from diagkit.judge.findings import build_findings
 from diagkit.judge.verdicts import VERDICTS, judge
 from models import (MLP, EvenBranch, ListCells, NormNet, PlainMemory, SqrtAtZero, TakesPrompt,
@@ -175,10 +176,24 @@ def rank_findings():
     return build_findings(params, steps, context={"names": {"model": "net"}})
 
 
+def ddp_refusal():
+    """DDP's own refusal of a tensor that got no gradient (a failed step, not a verdict)."""
+    params, steps = tables(T("head.w", used=False), T("body.w"))
+    params["verdicts"], _ = judge(params, steps)
+    failure = StepFailure(step=0, error="RuntimeError: Expected to have finished reduction in "
+                                        "the prior iteration", traceback="")
+    (found,) = [f for f in build_findings(params, steps, failure=failure,
+                                          context={"names": {"model": "net"}})
+                if f.code == "ddp_unused_parameters"]
+    assert fixtext.first_code(found.fix) == "for p in [net.head.w]: p.requires_grad_(False)"
+    return [found]
+
+
 @pytest.fixture(scope="module")
 def every_finding():
     live = [watched(ns, **how) for ns, how in (LIVE[c]() for c in sorted(LIVE))]
-    return [f for d in [*other_runs(), *live] for f in d.findings] + rank_findings()
+    return ([f for d in [*other_runs(), *live] for f in d.findings] + rank_findings()
+            + ddp_refusal())
 
 
 def test_every_verdict_has_a_real_finding_here(every_finding):

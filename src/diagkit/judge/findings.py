@@ -19,7 +19,8 @@ from ..measure.aggregate import fold_ranks
 from .sources import finding_sources
 from .verdict import RUN_VERDICTS
 from .verdicts import VERDICTS
-from .wording import subject
+from ..core.fixtext import compose
+from .wording import Roots, accessor, subject
 
 _DDP_REDUCTION_ERROR = "Expected to have finished reduction"  # DDP's refusal of unused tensors
 
@@ -76,7 +77,8 @@ def build_findings(params: pd.DataFrame, steps: pd.DataFrame, check_errors=(),
                                     module=label, count=len(group),
                                     bytes=int(group["bytes"].sum()), source=source))
     # DDP's refusal is why the run stopped: it leads, before the sorted rest.
-    return _ddp_findings(params, failure) + sort_findings(findings + list(extra))
+    return (_ddp_findings(params, failure, Roots(shared.names))
+            + sort_findings(findings + list(extra)))
 
 
 def _failure_findings(failure: StepFailure | None, check_errors=()) -> list[Finding]:
@@ -97,9 +99,10 @@ def _failure_findings(failure: StepFailure | None, check_errors=()) -> list[Find
     return findings
 
 
-def _ddp_findings(params: pd.DataFrame, failure: StepFailure | None) -> list[Finding]:
+def _ddp_findings(params: pd.DataFrame, failure: StepFailure | None,
+                  roots: Roots) -> list[Finding]:
     """DDP(find_unused_parameters=False) stopping the run, as a finding naming the tensors it
-    refused (those the verdicts call unused or intermittent)."""
+    refused (those the verdicts call unused or intermittent); `roots`: the code's names."""
     if failure is None or _DDP_REDUCTION_ERROR not in failure.error:
         return []
     unused = unused_tensors(params)
@@ -112,9 +115,11 @@ def _ddp_findings(params: pd.DataFrame, failure: StepFailure | None) -> list[Fin
         f"DistributedDataParallel(find_unused_parameters=False) stopped the run at step "
         f"{failure.step}: {len(names)} tensor(s) requiring grad got no gradient"
         + (f": {listed} ({size})" if names else "") + ".",
-        "Freeze or drop those tensors (for p in <module>.parameters(): p.requires_grad_(False)) "
-        "before wrapping in DDP; or, if the forward really skips them on some steps, "
-        "DDP(model, find_unused_parameters=True).",
+        compose(("Freeze those tensors (or drop them) before the model is wrapped in DDP:",
+                 f"for p in [{', '.join(accessor(n, roots.model) for n in names)}]: "
+                 "p.requires_grad_(False)" if names else None),
+                ("Or, if the forward really skips them on some steps, wrap it in "
+                 "DDP(model, find_unused_parameters=True).", None)),
         module="", count=len(names), bytes=unused["unused_bytes"])]
 
 

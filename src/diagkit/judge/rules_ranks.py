@@ -214,8 +214,8 @@ def _explain_dependent(label, group, steps):
                "in the same step: the forward branches on each rank's data, so DDP needs "
                "find_unused_parameters=True.")
     return message, compose(
-        ("Keep DDP(find_unused_parameters=True), or make the branch contribute on every rank: "
-         "in your loop, before loss.backward():",
+        ("Keep DDP(find_unused_parameters=True).", None),
+        ("Or make the branch contribute on every rank, in your loop before loss.backward():",
          f"loss = loss + 0.0 * sum(p.sum() for p in {iter_expr(label, group)})"))
 
 

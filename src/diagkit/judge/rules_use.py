@@ -137,8 +137,8 @@ def _explain_intermittent(label, group, steps):
     message = (f"{subject(label, group)} receives gradients on some steps only "
                f"(steps {used_at}): the forward takes a data-dependent branch.")
     return message, compose(
-        ("Keep DDP(find_unused_parameters=True) (static_graph is not possible), or make the "
-         "branch contribute every step: in your loop, before loss.backward():",
+        ("Keep DDP(find_unused_parameters=True): static_graph is not possible.", None),
+        ("Or make the branch contribute every step, in your loop before loss.backward():",
          f"loss = loss + 0.0 * sum(p.sum() for p in {iter_expr(label, group)})"))
 
 
@@ -160,6 +160,7 @@ def _explain_grad_not_cleared(label, group, steps):
         return message, ("The orphan's fix clears it too: once an optimizer holds it, that "
                          "optimizer's zero_grad() clears its .grad.")
     return message, compose(
-        ("Make something zero it every step: put it in the optimizer (its zero_grad clears "
-         "it), or in your loop zero the model's gradients instead of optimizer.zero_grad():",
+        ("Make something zero it every step: put it in an optimizer (its zero_grad() clears "
+         "it).", None),
+        ("Or zero the model's gradients in your loop, instead of optimizer.zero_grad():",
          f"{roots(group).whole()}.zero_grad(set_to_none=True)"))
