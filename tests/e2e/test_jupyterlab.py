@@ -34,7 +34,7 @@ HYPER = "module.hypernet.0.weight"       # the option above module.hypernet.0.bi
 FINDINGS = """(() => {
   const box = document.querySelector('.diagkit-explorer .diagkit-explorer-findings');
   return {text: box.textContent,
-          code: Array.from(box.querySelectorAll('pre.diagkit-fix-code')).map(p => p.textContent),
+          code: Array.from(box.querySelectorAll('pre.diagkit-code')).map(p => p.textContent),
           first: box.getBoundingClientRect().top <= document.querySelector(
                    '.diagkit-explorer-verdicts').getBoundingClientRect().top};
 })()"""
@@ -64,6 +64,7 @@ def test_explorer_in_jupyterlab(tmp_path):
         assert browser.evaluate(f"{SPLIT_PIECES}(document.querySelector('.jp-Notebook'))") \
             == []
         findings_lead(browser)
+        the_fix_copies(browser, page)
         keys_stay_in_the_explorer(browser, page)
         page.change("finding-picked", lambda: browser.click(*page.centre(PICK_FIRST)),
                     "finding picked: orphan")
@@ -120,6 +121,8 @@ def test_explorer_in_jupyterlab(tmp_path):
         page.change("968-verdict-off", lambda: page.pick("verdicts", "orphan (", ctrl=True),
                     "2 of 20")
         assert "lr 0.001" in browser.evaluate(SNAPSHOT)["table"]
+        browser.evaluate("document.querySelector('.diagkit-explorer-table').scrollIntoView()")
+        browser.screenshot(shots / "968-table.png")
         browser.evaluate("window.jupyterapp.commands.execute('apputils:change-theme', "
                          "{theme: 'JupyterLab Dark'}).then(() => true)")
         browser.wait_for("document.body.dataset.jpThemeLight === 'false' "
@@ -167,6 +170,25 @@ def keys_stay_in_the_explorer(browser, page) -> None:
     assert browser.evaluate(NOTEBOOK_STATE) == before
     page.change("key-verdicts-off", lambda: page.pick("verdicts", "grad_not_cleared (",
                                                       ctrl=True), "20 of 20")
+    # the metric's list, focused from the keyboard (no popup): ArrowDown is its own too
+    browser.evaluate(f"{page.control('metric')}.focus()")
+    page.change("key-metric", lambda: browser.press("ArrowDown"))
+    assert ">grad_total_norm</th>" in browser.evaluate(SNAPSHOT)["table"]
+    page.change("key-metric-back", lambda: browser.press("ArrowUp"))
+    assert browser.evaluate(NOTEBOOK_STATE) == before
+
+
+def the_fix_copies(browser, page) -> None:
+    """The first finding's first code block, copied by its button, is the code as written
+    (its wrapping is the box's, not the code's)."""
+    browser.send("Browser.grantPermissions", permissions=["clipboardReadWrite",
+                                                         "clipboardSanitizedWrite"])
+    button = "document.querySelector('.diagkit-explorer-findings .diagkit-copy')"
+    code = browser.evaluate(f"{button}.previousElementSibling.textContent")
+    browser.click(*page.centre(button))
+    browser.wait_for(f"{button}.textContent === 'copied'", timeout=30, what="copied")
+    assert browser.evaluate("navigator.clipboard.readText()") == code
+    assert "mem_tokens" in code, code
 
 
 def test_a_copied_notebook_opens_unmodified(tmp_path):

@@ -15,7 +15,7 @@ import ipywidgets as widgets
 from diagkit.core import fixtext
 from diagkit.core.result import Finding
 from diagkit.present.explorer import explore
-from diagkit.present.explorer_findings import MOST_FINDINGS, fix_html, pick
+from diagkit.present.explorer_findings import MOST_FINDINGS, pick
 from diagkit.present.explorer_keys import ATTRIBUTE, SCOPE
 from diagkit.present.explorer_state import ExplorerState
 
@@ -45,24 +45,27 @@ def test_the_findings_lead_with_their_fixes(meta):
     assert all(html.escape(p) in first for k, p in parts if k == "words")
 
 
-def test_a_fix_in_its_form_and_an_older_one(meta):
+def test_a_fix_in_its_form_an_older_one_and_hostile_names(meta):
+    """Each block of code as pasted, with its copy button, the words apart and escaped; an
+    older save's one line of words stays words; names from user code are text, never markup."""
     fix = fixtext.compose(("Add it to an optimizer:", 'optimizer.add_param_group({"params": '
                            "[model.head.weight]})"),
                           ("Or freeze it <b>now</b>:", "for p in [model.head.weight]:\n"
                                                        "    p.requires_grad_(False)"))
-    shown = fix_html(fix)
-    assert shown.count("<pre") == 2 and shown.count("diagkit-fix-words") == 2
-    assert "Or freeze it &lt;b&gt;now&lt;/b&gt;:" in shown            # words escaped
-    assert "for p in [model.<wbr>head.<wbr>weight]:\n    p.<wbr>requires_grad_(False)" in shown
-    older = fix_html("Freeze it: for p in model.x.parameters(): p.requires_grad_(False)")
-    assert "<pre" not in older and "Freeze it: for p in model.x.parameters()" in older
-    assert fix_html("") == ""
-    # a finding from user code: its names are text, never markup
     bad = Finding(code="orphan", severity="error", params=("<script>x.weight",),
                   message="`<script>x.weight` is held by no optimizer", fix=fix,
                   module="<script>x", count=1, bytes=16)
-    w = explore(with_findings(meta, [bad]))
-    page = "".join(h.value for h in walk(w.controls.findings) if isinstance(h, widgets.HTML))
+    older = dataclasses.replace(bad, severity="warning",
+                                fix="Freeze it: for p in model.x.parameters(): "
+                                    "p.requires_grad_(False)")
+    box = explore(with_findings(meta, [bad, older])).controls.findings
+    new, old = (row.children[0].children[0].value + row.children[1].value
+                for row in box.children[1:])
+    assert code_blocks(new) == ['optimizer.add_param_group({"params": [model.head.weight]})',
+                                "for p in [model.head.weight]:\n    p.requires_grad_(False)"]
+    assert new.count("diagkit-copy") == 2 and "Or freeze it &lt;b&gt;now&lt;/b&gt;:" in new
+    assert code_blocks(old) == [] and "Freeze it: for p in model.x.parameters()" in old
+    page = "".join(h.value for h in walk(box) if isinstance(h, widgets.HTML))
     assert "<script>" not in page and "&lt;script&gt;x" in page
 
 
@@ -163,7 +166,7 @@ def test_the_keys_script_rides_in_a_hidden_output(meta):
 def code_blocks(page: str) -> list[str]:
     """The code of each fix block as a user copies it (no markup, no break hints)."""
     return [html.unescape(re.sub(r"<[^>]+>", "", chunk.split(">", 1)[1].split("</pre>")[0]))
-            for chunk in page.split("<pre class='diagkit-fix-code'")[1:]]
+            for chunk in page.split('<pre class="diagkit-code"')[1:]]
 
 
 def walk(widget):

@@ -1,43 +1,35 @@
 """The findings on top of the explorer (docs/workbook.md, "The explorer"): each finding's
 severity, verdict, where, its message and its fix, and a button that picks its tensors.
 
-The fix is shown in its form (`core.fixtext`): the words as text, the code to paste as code
-on lines of its own, wrapped inside the output area's width, never cut and never in a box to
-scroll sideways. Picking a finding (`pick`) plots its tensors and sets the filters to them, so
+The fix is shown in its form (`core.fixtext`, drawn by `present.html_text` as every HTML view
+draws it): the words as text, the code to paste as code on lines of its own with a copy
+button, wrapped inside the output area's width, never cut and never in a box to scroll
+sideways. Picking a finding (`pick`) plots its tensors and sets the filters to them, so
 that the picker and the table show them too. Presents only; never measures.
 """
 
 from __future__ import annotations
 
 import html
-import re
 
 import ipywidgets as widgets
 
 from ..core import fixtext
 from ..core.format import dotted_breaks, human_bytes
+from .html_text import fix_html, prose
 from .sections import severity_chip
 from .source import source_html
 
 MOST_FINDINGS = 12   # findings listed; the rest are counted (print(diagnosis) lists them all)
 
-# Code wraps at the box's edge (`pre-wrap`: between words, after a dot between two names,
-# inside a name only when one is wider than the box; JupyterLab's own `word-break:break-all`
-# for an output's <pre> broke names anywhere): copied, it is the code as written. The theme's
-# own colours where JupyterLab sets them.
-CODE_STYLE = ("white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere;margin:2px 0 4px 0;"
-              "padding:4px 8px;border-radius:3px;font-size:12px;line-height:1.4;"
-              "font-family:var(--jp-code-font-family,monospace);"
-              "background:var(--jp-layout-color2,#f3f3f3);"
-              "color:var(--jp-content-font-color1,#111)")
 # Text in an ipywidgets HTML box has the controls' line height (28 px): prose reads closer.
 _TEXT = "<div style='line-height:1.45'>{}</div>"
-# In code, a break may come after a dot between two names (never inside a number).
-_NAME_DOT = re.compile(r"(?<=[\w\])])\.(?=[A-Za-z_])")
-# A finding's building lines (`present.source`) wrap as the fix does, in this box only.
-_SOURCE_STYLE = ("<style>.diagkit-explorer-findings .diagkit-source pre{white-space:pre-wrap"
-                 " !important;word-break:normal;overflow-wrap:anywhere;"
-                 "overflow-x:visible !important}</style>")
+# Code in this box (a fix's blocks, `present.html_text`; the lines that built a group,
+# `present.source`) wraps inside the box, never cut nor scrolled sideways; JupyterLab's own
+# `word-break:break-all` for an output's <pre> is undone (a name broke at any letter).
+_CODE_STYLE = ("<style>.diagkit-explorer-findings pre{white-space:pre-wrap !important;"
+               "word-break:normal !important;overflow-wrap:anywhere;"
+               "overflow-x:visible !important}</style>")
 
 
 def title_html(f) -> str:
@@ -56,30 +48,17 @@ def title_html(f) -> str:
 
 
 def body_html(f) -> str:
-    """The message, then the fix (words as text, code as code), then where its optimizer's
-    groups were built (folded: the fix comes first)."""
-    out = [f"<div class='diagkit-finding-message'>{_quoted_code(f.message)}</div>",
-           fix_html(f.fix)]
+    """The message, then the fix (`present.html_text.fix_html`: words as text, each block of
+    code as code with a copy button), then where its optimizer's groups were built (folded:
+    the fix comes first)."""
+    out = [f"<div class='diagkit-finding-message'>{prose(f.message)}</div>"]
+    if fixtext.parts(f.fix):
+        out.append(f"<div class='diagkit-fix'><b>fix:</b>{fix_html(f.fix, copy=True)}</div>")
     source = source_html(getattr(f, "source", ()))
     if source:
         out.append("<details class='diagkit-finding-source'><summary>where its optimizer "
-                   f"groups were built</summary>{_SOURCE_STYLE}{source}</details>")
+                   f"groups were built</summary>{source}</details>")
     return _TEXT.format("".join(out))
-
-
-def fix_html(fix: str) -> str:
-    """A fix in its form: 'fix:' and each part, words as text, code in its own block."""
-    parts = fixtext.parts(fix)
-    if not parts:
-        return ""
-    out = ["<div class='diagkit-fix'><b>fix:</b>"]
-    for kind, text in parts:
-        if kind == "code":
-            code = _NAME_DOT.sub(".<wbr>", html.escape(text))
-            out.append(f"<pre class='diagkit-fix-code' style='{CODE_STYLE}'>{code}</pre>")
-        else:
-            out.append(f"<div class='diagkit-fix-words'>{html.escape(text)}</div>")
-    return "".join(out) + "</div>"
 
 
 def pick(state, f) -> list[str]:
@@ -143,7 +122,7 @@ def _heading(findings) -> str:
         return _TEXT.format("<b>No findings</b>: every tensor is ok.")
     more = (f" (the first {MOST_FINDINGS} here; <code>print(diagnosis)</code> lists all)"
             if n > MOST_FINDINGS else "")
-    return _TEXT.format(f"<b>{n} finding{'s' * (n != 1)}</b>, worst first{more}:")
+    return _CODE_STYLE + _TEXT.format(f"<b>{n} finding{'s' * (n != 1)}</b>, worst first{more}:")
 
 
 def _when(f) -> list[str]:
@@ -153,16 +132,6 @@ def _when(f) -> list[str]:
     if f.ended is not None:
         return [f"steps {f.since} to {f.until} (ended at step {f.ended})"]
     return [f"from step {f.since}"]
-
-
-def _quoted_code(text: str) -> str:
-    """Words, escaped, with what they quote in `backticks` shown as code (a name in a
-    message wraps at its dots only)."""
-    pieces = html.escape(text).split("`")
-    if len(pieces) % 2 == 0:   # an odd number of backticks: not quotes, left as written
-        return html.escape(text)
-    return "".join(f"<code>{dotted_breaks(p)}</code>" if i % 2 else p
-                   for i, p in enumerate(pieces))
 
 
 def _whole(text: str) -> str:
