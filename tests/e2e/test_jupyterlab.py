@@ -34,7 +34,7 @@ HYPER = "module.hypernet.0.weight"       # the option above module.hypernet.0.bi
 FINDINGS = """(() => {
   const box = document.querySelector('.diagkit-explorer .diagkit-explorer-findings');
   return {text: box.textContent,
-          code: Array.from(box.querySelectorAll('pre.diagkit-code')).map(p => p.textContent),
+          code: Array.from(box.querySelectorAll('pre.diagkit-fix-code')).map(p => p.textContent),
           first: box.getBoundingClientRect().top <= document.querySelector(
                    '.diagkit-explorer-verdicts').getBoundingClientRect().top};
 })()"""

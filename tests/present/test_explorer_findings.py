@@ -166,7 +166,7 @@ def test_the_keys_script_rides_in_a_hidden_output(meta):
 def code_blocks(page: str) -> list[str]:
     """The code of each fix block as a user copies it (no markup, no break hints)."""
     return [html.unescape(re.sub(r"<[^>]+>", "", chunk.split(">", 1)[1].split("</pre>")[0]))
-            for chunk in page.split('<pre class="diagkit-code"')[1:]]
+            for chunk in page.split('<pre class="diagkit-code diagkit-fix-code"')[1:]]
 
 
 def walk(widget):

@@ -29,7 +29,7 @@ def test_a_saved_folder_shows_its_findings_and_fixes(tmp_path, meta):
     box = shown.controls.findings
     assert "2 findings" in box.children[0].value and len(box.buttons) == 2
     assert "<b>orphan</b>" in box.children[1].children[0].children[0].value
-    assert 'class="diagkit-code"' in box.children[1].children[1].value
+    assert "diagkit-fix-code" in box.children[1].children[1].value
 
 
 def test_a_reload_says_no_newer_save_and_when_the_one_shown_was_saved(tmp_path, meta):
