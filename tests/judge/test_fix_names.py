@@ -110,3 +110,19 @@ def test_simple_expressions_only():
     for text in ("m()", "m.train()", "a + b", "x[i]", "__import__('os')", "", None, "1", "a;b",
                  "lambda: 0", "[m]"):
         assert not simple_expression(text), text
+
+
+def test_a_whole_run_watch_names_them_too(caplog):
+    """A whole run judges each window itself: its logged line and final fix say `opt2`."""
+    torch.manual_seed(0)
+    model2 = TwoHeads()
+    opt2 = torch.optim.SGD(two_heads_groups(dict(model2.named_parameters()), planted=True),
+                           lr=0.05)
+    with caplog.at_level("WARNING", logger="diagkit"):
+        w = diagkit.watch(model2, opt2, steps=None, every=2, live=False)
+        train(model2, opt2, steps=8)
+        diag = w.stop()
+    assert fixtext.first_code(orphan_fix(diag)).startswith(
+        'opt2.param_groups[0]["params"].append(model2.head2.weight)')
+    logged = [r.getMessage() for r in caplog.records if "orphan" in r.getMessage()]
+    assert logged and "opt2.param_groups" in logged[0], logged

@@ -218,9 +218,11 @@ class WholeRun:
         """One window's verdicts; its findings show where the groups were built, as the
         final diagnosis's do (the announced line and the timeline name the same lever)."""
         sources = getattr(self.watch, "sources", None)
+        names = getattr(self.watch, "names", None)  # the fixes say the user's own names
         return judge_observation(Observation(rows, steps, None, {
             "optimizers": len(self.optimizers),
-            **({"optimizer_sources": sources} if sources else {})}))
+            **({"optimizer_sources": sources} if sources else {}),
+            **({"names": names} if names else {})}))
 
     # ---------------------------------------------------------------- announcing
     def _announce(self, span) -> None:
