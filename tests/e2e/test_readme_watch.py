@@ -47,7 +47,9 @@ def test_the_plain_loop_snippet_runs_and_finds_the_orphan(page, tmp_path, monkey
     assert diag.verdicts()["2.weight"] == {"orphan", "grad_not_cleared"}
     assert diag.verdicts()["0.weight"] == {"ok"}
     assert diagkit.load(tmp_path / "diag").verdicts() == diag.verdicts()
-    assert "worst=error" in capsys.readouterr().out
+    printed = capsys.readouterr().out  # print(watch.diagnosis): the findings and their fixes
+    assert "1 error" in printed and "orphan" in printed
+    assert 'optimizer.param_groups[0]["params"].extend(model[2].parameters())' in printed
 
 
 @pytest.mark.parametrize("command", [c for page in doc_blocks.pages()
