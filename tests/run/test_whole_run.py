@@ -251,3 +251,4 @@ def test_a_head_replaced_mid_run_is_named_apart_from_its_successor():
     assert not rows.loc[old[0], "in_model"]
     (stale,) = by_code(diag, "not_in_model")
     assert sorted(stale.params) == sorted(old) and stale.since == 51
+    assert stale.module == "<fc2, replaced at step 50>"  # what it was, not its optimizer group
