@@ -55,7 +55,7 @@ def test_plain_main_loop_finds_the_name_filter_and_the_dead_module(tmp_path):
     assert v["head.weight"] == {"orphan", "grad_not_cleared"} == v["head.bias"]
     assert v["aux_proj.weight"] == {"unused"} == v["aux_proj.bias"]
     assert v["encoder.0.weight"] == {"ok"} == v["encoder.2.weight"]
-    assert diag.meta["steps_observed"] == 10 and "worst=error" in out.stdout
+    assert diag.meta["steps_observed"] == 10 and "10 steps observed — 1 error" in out.stdout
     # later, anywhere: the saved watch result renders without running anything
     cli = subprocess.run([sys.executable, "-m", "diagkit.run.cli", "report", "--from", "diag",
                           "--out", "report"], cwd=tmp_path, env=ENV, capture_output=True,
