@@ -32,28 +32,36 @@ def chromium_env(profile: str) -> dict:
     return {**os.environ, "TMPDIR": tmp}
 
 
-# A JavaScript function of a root element: the text pieces of its table cells that run across
-# a line break where none may. A piece lies between spaces, or ends after a dot or a slash
-# (where a name may wrap); code in <pre>/<code> keeps its own lines and is left out.
-SPLIT_PIECES = r"""((root) => {
+def split_text_js(scope: str | None, skip: str, pattern: str) -> str:
+    """A JavaScript function of a root element: the pieces of text matching `pattern` (a JS
+    regex literal with /g) that run across a line break, in the text under `scope` (a
+    selector inside the root; None: all of it), leaving out text inside `skip`."""
+    scopes = f"Array.from(root.querySelectorAll({scope!r}))" if scope else "[root]"
+    return f"""((root) => {{
   const out = [];
-  for (const cell of root.querySelectorAll('td, th')) {
-    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
-    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-      if (node.parentElement.closest('pre, code')) continue;
-      const re = /[^\s.\/]+[.\/]?/g;
-      for (let m = re.exec(node.data); m; m = re.exec(node.data)) {
+  for (const scope of {scopes}) {{
+    const walker = document.createTreeWalker(scope, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {{
+      if (node.parentElement.closest({skip!r})) continue;
+      const re = {pattern};
+      for (let m = re.exec(node.data); m; m = re.exec(node.data)) {{
         const range = document.createRange();
         range.setStart(node, m.index);
         range.setEnd(node, m.index + m[0].length);
         const tops = new Set([...range.getClientRects()].filter(r => r.width > 0)
                                                          .map(r => Math.round(r.top)));
         if (tops.size > 1) out.push(m[0]);
-      }
-    }
-  }
+      }}
+    }}
+  }}
   return out;
-})"""
+}})"""
+
+
+# The text pieces of a root's table cells that run across a line break where none may. A piece
+# lies between spaces, or ends after a dot or a slash (where a name may wrap); code in
+# <pre>/<code> keeps its own lines and is left out.
+SPLIT_PIECES = split_text_js("td, th", "pre, code", r"/[^\s.\/]+[.\/]?/g")
 
 
 def chromium() -> str | None:

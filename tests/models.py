@@ -7,6 +7,8 @@ other layers reuse them.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import math
 
 import torch
@@ -240,6 +242,31 @@ def two_heads_groups(named: dict, planted: bool) -> list[dict]:
     held = ("body", "head") + (() if planted else ("head2",))
     return [{"params": [named[f"{m}.weight"] for m in held], "weight_decay": 0.01},
             {"params": [named[f"{m}.bias"] for m in held], "weight_decay": 0.0}]
+
+
+def two_heads_cell(steps: int, wait: str = "") -> str:
+    """The first cell of the workbook tests (a notebook in JupyterLab, an IPython shell): the
+    tests folder importable, `TwoHeads` with head2 left out of `optimizer` (two groups: decay
+    and no decay), and a `loader` of `steps` + 10 batches, each after `wait` (code that sleeps:
+    a loader that takes its time gives a live panel time to move)."""
+    tests = str(Path(__file__).resolve().parent)
+    return f"""import sys, time
+sys.path.insert(0, {tests!r})
+import torch
+import diagkit
+from models import TwoHeads, two_heads_groups
+torch.manual_seed(0)
+model = TwoHeads()
+optimizer = torch.optim.SGD(two_heads_groups(dict(model.named_parameters()), planted=True),
+                            lr=0.05)
+
+def batches(n):
+    for i in range(n):
+        {wait or "pass"}
+        yield torch.randn(4, 8)
+
+loader = batches({steps} + 10)
+loss_fn = lambda model, batch: model(batch)"""
 
 
 def rank_batches(n: int, rank: int) -> list[torch.Tensor]:

@@ -2,6 +2,8 @@
 JupyterLab): code that cannot be read without a sideways scroll, and numbers split from
 their units. Each is a JavaScript function of a root element returning a list of problems."""
 
+from browser import split_text_js
+
 # Code (a <pre> or <code>, or a box holding code) wider than the box it is shown in: it is cut
 # off, or readable only by scrolling sideways (issue 37: 106 px scroll boxes holding 240-600
 # px of code); inline code running past the edge of its cell or paragraph; a table cell whose
@@ -39,20 +41,5 @@ CLIPPED_CODE = r"""((root) => {
 })"""
 
 # A number and its unit ('8.0 KiB', '3 steps', '2 tensors') on two lines.
-SPLIT_UNITS = r"""((root) => {
-  const out = [];
-  const re = /\d[\d.,]*[ \u00a0](?:B|KiB|MiB|GiB|tensors?|steps?)\b/g;
-  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
-  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-    if (node.parentElement.closest('pre, script, style')) continue;
-    for (let m = re.exec(node.data); m; m = re.exec(node.data)) {
-      const range = document.createRange();
-      range.setStart(node, m.index);
-      range.setEnd(node, m.index + m[0].length);
-      const tops = new Set([...range.getClientRects()].filter(r => r.width > 0)
-                                                       .map(r => Math.round(r.top)));
-      if (tops.size > 1) out.push(m[0]);
-    }
-  }
-  return out;
-})"""
+SPLIT_UNITS = split_text_js(None, "pre, script, style",
+                            r"/\d[\d.,]*[ \u00a0](?:B|KiB|MiB|GiB|tensors?|steps?)\b/g")

@@ -18,36 +18,19 @@ import pytest
 from browser import chromium
 from cdp import Browser
 from doc_blocks import DOCS, snippet
+from models import two_heads_cell
 from jupyter import (CELL_ERRORS, KERNEL_IDLE, NOTEBOOK_PANEL, START_ALL, JupyterLab, Page,
                      wait)
 
 pytestmark = pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
                                 "(Debian: apt-get install chromium); this test drives it")
 
-TESTS = Path(__file__).resolve().parents[1]
 # The training cell is the live view's block of docs/workbook.md, as a user would paste it.
 TRAIN = snippet(DOCS / "workbook.md", "diagkit.watch(", section="## The live view")
 STEPS = int(re.search(r"steps=(\d+)", TRAIN).group(1))
-SETUP = f"""import sys, time
-sys.path.insert(0, {str(TESTS)!r})
-import torch
-import diagkit
-from models import TwoHeads, two_heads_groups
-torch.manual_seed(0)
-model = TwoHeads()
-optimizer = torch.optim.SGD(two_heads_groups(dict(model.named_parameters()), planted=True),
-                            lr=0.05)
-
-def batches(n):
-    \"\"\"A loader that takes its time: the first batch 1.5 s (the panel as it starts: no step,
-    no finding), then 0.25 s each, so that the panel updates several times while the cell
-    runs.\"\"\"
-    for i in range(n):
-        time.sleep(1.5 if i == 0 else 0.25)
-        yield torch.randn(4, 8)
-
-loader = batches({STEPS} + 10)
-loss_fn = lambda model, batch: model(batch)"""
+# The loader takes its time: the first batch 1.5 s (the panel as it starts: no step, no
+# finding), then 0.25 s each, so that the panel updates several times while the cell runs.
+SETUP = two_heads_cell(STEPS, wait="time.sleep(1.5 if i == 0 else 0.25)")
 END = 'print("ended:", w.done, w.live.join(60))'
 # The same loop again, on a fresh loader, once the pasted fix has run.
 AGAIN = (f"loader = batches({STEPS} + 10)\n{TRAIN}\n"

@@ -83,3 +83,22 @@ NO_HOOKS = {"tensors": 0, "optimizer_pre": 0, "optimizer_post": 0, "global": 0}
 
 def observed_steps(diag) -> list[int]:
     return sorted(int(s) for s in diag.steps["step"].unique())
+
+
+def dead_head_module(L):
+    """A LightningModule (of `L`: lightning or lightning.pytorch) whose head `dead` its
+    training_step never uses: the callbacks' `unused` case."""
+    from torch import nn
+
+    class WithDeadHead(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.body, self.dead = nn.Linear(4, 4), nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            return self.body(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return WithDeadHead()

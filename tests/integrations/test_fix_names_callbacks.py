@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from diagkit.core import fixtext
-from integration_helpers import Sequences, tiny_classifier, training_args
+from integration_helpers import Sequences, dead_head_module, tiny_classifier, training_args
 
 
 def test_hugging_face_trainer_names_trainer_model_and_trainer_optimizer(tmp_path):
@@ -36,20 +36,7 @@ def test_hugging_face_trainer_names_trainer_model_and_trainer_optimizer(tmp_path
 
 def test_lightning_names_the_lightning_module(tmp_path):
     L = pytest.importorskip("lightning.pytorch")
-    from torch import nn
-
     from diagkit.integrations.lightning import DiagkitCallback
-
-    class WithDeadHead(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.body, self.dead = nn.Linear(4, 4), nn.Linear(4, 2)
-
-        def training_step(self, batch, batch_idx):
-            return self.body(batch[0]).pow(2).mean()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
 
     torch.manual_seed(0)
     callback = DiagkitCallback(steps=2)
@@ -58,7 +45,7 @@ def test_lightning_names_the_lightning_module(tmp_path):
                         enable_model_summary=False, default_root_dir=tmp_path,
                         callbacks=[callback])
     data = torch.utils.data.TensorDataset(torch.randn(16, 4))
-    trainer.fit(WithDeadHead(), torch.utils.data.DataLoader(data, batch_size=4))
+    trainer.fit(dead_head_module(L), torch.utils.data.DataLoader(data, batch_size=4))
     diag = callback.diagnosis
     assert diag.meta["names"] == {"model": "trainer.lightning_module",
                                   "optimizers": ["trainer.optimizers[0]"]}

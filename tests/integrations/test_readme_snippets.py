@@ -10,7 +10,7 @@ from torch import nn
 
 import diagkit
 import doc_blocks
-from integration_helpers import Sequences, tiny_classifier
+from integration_helpers import Sequences, dead_head_module, tiny_classifier
 
 # (page, section): the README's subsection, and the page that stands alone.
 PAGES = {"README.md": "### In a Hugging Face `Trainer`, Lightning or accelerate run",
@@ -45,22 +45,11 @@ def test_the_lightning_snippet(page, tmp_path, monkeypatch):
     L = pytest.importorskip("lightning")
     monkeypatch.chdir(tmp_path)
 
-    class Module(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.body, self.dead = nn.Linear(4, 4), nn.Linear(4, 2)
-
-        def training_step(self, batch, batch_idx):
-            return self.body(batch[0]).pow(2).mean()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
     torch.manual_seed(0)
     loader = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(torch.randn(24, 4)), batch_size=4)
     exec(compile(snippet(page, "lightning"), page, "exec"),
-         {"module": Module(), "loader": loader})
+         {"module": dead_head_module(L), "loader": loader})
     v = diagkit.load(tmp_path / "diag").verdicts()
     assert v["dead.weight"] == {"unused"} and v["body.weight"] == {"ok"}
 

@@ -18,26 +18,12 @@ from pathlib import Path
 import pytest
 
 from doc_blocks import DOCS, snippet
+from models import two_heads_cell
 
 TESTS = Path(__file__).resolve().parents[1]
 TRAIN = snippet(DOCS / "workbook.md", "diagkit.watch(", section="## The live view")
 STEPS = int(re.search(r"steps=(\d+)", TRAIN).group(1))
-SETUP = f"""import sys
-sys.path.insert(0, {str(TESTS)!r})
-import torch
-import diagkit
-from models import TwoHeads, two_heads_groups
-torch.manual_seed(0)
-model = TwoHeads()
-optimizer = torch.optim.SGD(two_heads_groups(dict(model.named_parameters()), planted=True),
-                            lr=0.05)
-
-def batches(n):
-    for i in range(n):
-        yield torch.randn(4, 8)
-
-loader = batches({STEPS} + 10)
-loss_fn = lambda model, batch: model(batch)"""
+SETUP = two_heads_cell(STEPS)
 
 # The shell runs each cell as a notebook would (store_history: the cell gets its number), and
 # prints what the test reads, as JSON, on its last line.
