@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import diagkit
+from diagkit.core import fixtext
 from diagkit.core.errors import DiagkitError
 from diagkit.measure.kept_steps import AROUND, SAMPLE
 from diagkit.run.whole_run import BURST, WINDOW
@@ -252,3 +253,8 @@ def test_a_head_replaced_mid_run_is_named_apart_from_its_successor():
     (stale,) = by_code(diag, "not_in_model")
     assert sorted(stale.params) == sorted(old) and stale.since == 51
     assert stale.module == "<fc2, replaced at step 50>"  # what it was, not its optimizer group
+    # its fix runs as pasted: the optimizer keeps the model's own tensors and their state only
+    exec(fixtext.first_code(stale.fix), {"model": model, "opt": opt})  # noqa: S102
+    held = [p for g in opt.param_groups for p in g["params"]]
+    assert sorted(map(id, held)) == sorted(map(id, model.parameters()))
+    assert set(map(id, opt.state)) <= set(map(id, model.parameters()))

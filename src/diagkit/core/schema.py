@@ -6,6 +6,8 @@ public (see docs/result.md, "The result"); adding one means adding it here first
 
 from __future__ import annotations
 
+import re
+
 # name -> meaning. Order is the column order of the DataFrame.
 PARAMS_COLUMNS: dict[str, str] = {
     "name": "first name model.named_parameters() gives the tensor; `<optimizer i group j #k>` "
@@ -91,6 +93,21 @@ FSDP1_SLICE = "FSDP1 flat slice"
 def is_dtensor_placement(placement: str) -> bool:
     """Whether a `placement` value is a DTensor's (FSDP2, tensor parallelism)."""
     return placement not in ("", ZERO3_PARTITION, FSDP1_SLICE)
+
+
+def former_name(name: str, how: str, step: int) -> str:
+    """The name of a tensor a whole run saw leave the model at `step` (`how`: "replaced" when
+    a tensor of its name took its place, else "removed"): `<head.weight, replaced at step 150>`."""
+    return f"<{name}, {how} at step {step}>"
+
+
+_FORMER = re.compile(r"<(?P<name>[^<>,]+), (?P<when>(?:replaced|removed) at step \d+)>")
+
+
+def parse_former(name: str) -> tuple[str, str] | None:
+    """(the name it had, "replaced at step 150") for a `former_name`; None for any other."""
+    m = _FORMER.fullmatch(name)
+    return (m["name"], m["when"]) if m else None
 
 
 TUPLE_COLUMNS = ("aliases", "shape", "memberships", "verdicts")

@@ -7,8 +7,6 @@ the tables; nothing here measures.
 
 from __future__ import annotations
 
-import re
-
 from collections import Counter
 
 import numpy as np
@@ -17,6 +15,7 @@ import pandas as pd
 from ..core import severity
 from ..core.format import human_bytes
 from ..core.result import Finding, StepFailure
+from ..core.schema import parse_former
 from ..measure.aggregate import fold_ranks
 from .sources import finding_sources
 from .verdict import RUN_VERDICTS
@@ -216,10 +215,6 @@ def _siblings(keys: dict[int, str], in_model: list) -> dict[int, str]:
     return {i: pattern.get(key, key) if in_model[i] else key for i, key in keys.items()}
 
 
-# A whole run's name for a tensor replaced mid-run: `<head.weight, replaced at step 150>`.
-_FORMER = re.compile(r"<(?P<name>[^<>,]+), (?P<when>(?:replaced|removed) at step \d+)>")
-
-
 def _outside_key(name: str, pairs) -> str:
     """A tensor outside the model is reported with the others of its optimizer group (an
     optimizer built before `fully_shard` or a wrapper replaced the model's tensors holds all
@@ -229,9 +224,9 @@ def _outside_key(name: str, pairs) -> str:
     plain list, each with its own optimizer: one finding about `layers`)."""
     if not name.startswith("<"):  # named by the attribute that holds it: that names it best
         return name.partition("[")[0]
-    former = _FORMER.fullmatch(name)
+    former = parse_former(name)
     if former:  # a tensor a whole run saw replaced: its module as it was, and when
-        return f"<{former['name'].rpartition('.')[0] or former['name']}, {former['when']}>"
+        return f"<{former[0].rpartition('.')[0] or former[0]}, {former[1]}>"
     if pairs:
         return f"<optimizer {pairs[0][0]} group {pairs[0][1]}>"
     return name

@@ -97,6 +97,20 @@ def drop_from(label: str, group: pd.DataFrame, optimizers) -> str:
                      for i in optimizers)
 
 
+def drop_stale(group: pd.DataFrame) -> str:
+    """Lines that keep, in the optimizers holding the finding's tensors, only the model's own
+    tensors, and forget the state of the rest: tensors a whole run saw replaced have no name
+    left to reach them by, only their absence from the model."""
+    r = roots(group)
+    lines = [f"keep = {{id(p) for p in {r.whole()}.parameters()}}"]
+    for i in holders(group):
+        opt = r.optimizer(i)
+        lines += [f'for g in {opt}.param_groups: g["params"] = '
+                  '[p for p in g["params"] if id(p) in keep]',
+                  f"for p in [p for p in {opt}.state if id(p) not in keep]: del {opt}.state[p]"]
+    return "\n".join(lines)
+
+
 def to_no_decay(label: str, group: pd.DataFrame) -> str | None:
     """Lines that move the finding's tensors out of their decaying group into one without
     weight decay: an existing one of the same optimizer and lr, else a copy of their group's

@@ -5,6 +5,7 @@ Each rule is followed by the explanation of its findings (see `diagkit.judge.ver
 from __future__ import annotations
 
 from ..core.fixtext import compose
+from ..core.schema import parse_former
 from . import fix_code
 from .verdict import in_optimizer, rg_used_counts, verdict
 from .wording import roots, subject
@@ -68,6 +69,11 @@ def _explain_not_in_model(label, group, steps):
            "model.parameters(); drop stale heads from the optimizer. If the model's own "
            "parameters were replaced after the optimizer was built (fully_shard, "
            "get_peft_model, to_empty), build the optimizer after that.")
+    if all(parse_former(n) for n in group["name"]):  # left the model during a whole run
+        fix = compose(("Drop them from the optimizer, which then holds only the model's own "
+                       "tensors, and forget their state:", fix_code.drop_stale(group)),
+                      ("Or build the optimizer again from the model's parameters after you "
+                       "replace a part of it.", None))
     reachable = sorted({_registration(n, rebuild=False) for n in group["name"]
                         if not n.startswith("<")})
     if reachable:  # modules kept in a plain list or dict: the registration they call for

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 
+from ..core.schema import former_name
 from ..measure.fsdp1 import clean_name
 
 
@@ -33,7 +34,7 @@ class Names:
         for tensor, row in zip(old.tensors, old.rows):
             if row["in_model"] and id(tensor) not in left:
                 how = "replaced" if row["name"] in now else "removed"
-                left[id(tensor)] = f"<{row['name']}, {how} at step {step}>"
+                left[id(tensor)] = former_name(row["name"], how, step)
         return left
 
     def renames(self, old, new, former: dict[int, str]) -> dict[str, str]:
