@@ -64,3 +64,12 @@ def dotted_breaks(escaped: str) -> str:
     """An HTML-escaped dotted name with a break opportunity after each dot: a long name wraps
     between its parts, never inside one (a table cell is never broken mid-identifier)."""
     return escaped.replace(".", ".<wbr>")
+
+
+def place(file: str, line, cell: int | None = None) -> str:
+    """Where a line is, in words: "cell [3], line 4" in a notebook cell (`cell`: its number,
+    as `measure.cells` recorded it), else "file.py:4" (the file's name only). Pure: a saved
+    record reads the same anywhere."""
+    if cell is not None:
+        return f"cell [{cell}], line {line}"
+    return f"{str(file).replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}"

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..core.fixtext import compose
-from ..measure.cells import place
+from ..core.format import place
 from . import fix_code
 from .wording import params_expr
 

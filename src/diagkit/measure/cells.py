@@ -4,7 +4,8 @@ IPython compiles each cell under a file name of its own (`/tmp/ipykernel_NNNN/14
 in a Jupyter kernel, `<ipython-input-3-…>` in a terminal shell), a file that is gone when the
 kernel ends. Its compiler keeps each such name's execution count (`get_ipython().compile`,
 whose `format_code_name` gives `("Cell", "In[3]")`): the `[n]` the notebook shows beside the
-cell. Read without importing IPython: only when it is already running.
+cell. Read without importing IPython: only when it is already running. The words for a
+place (`core.format.place`) are below the judge and the views, which use them too.
 """
 
 from __future__ import annotations
@@ -31,12 +32,3 @@ def cell_number(file: str) -> int | None:
         number = getattr(compiler, "_filename_map", {}).get(file)  # IPython < 8
         return int(number) if isinstance(number, int) else None
     return None
-
-
-def place(file: str, line, cell: int | None = None) -> str:
-    """Where a line is, in words: "cell [3], line 4" in a notebook cell (`cell`: its number,
-    as recorded), else "file.py:4" (the file's name only). Pure: a saved record reads the same
-    anywhere."""
-    if cell is not None:
-        return f"cell [{cell}], line {line}"
-    return f"{str(file).replace(chr(92), '/').rsplit('/', 1)[-1]}:{line}"

@@ -23,7 +23,8 @@ import types
 
 import torch
 
-from .cells import cell_number, place
+from ..core.format import place
+from .cells import cell_number
 from .provenance import (_assignment, _from_call, _installed, _lines, _outer_call, _parse,
                          class_name, code_file, statement, user_site)
 

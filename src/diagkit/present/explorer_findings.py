@@ -52,10 +52,8 @@ def body_html(f) -> str:
     code as code with a copy button), then where its optimizer's groups were built (folded:
     the fix comes first)."""
     out = [f"<div class='diagkit-finding-message'>{prose(f.message)}</div>"]
-    if fixtext.parts(f.fix):   # each block also .diagkit-fix-code: a fix's, not a source's
-        code = fix_html(f.fix, copy=True).replace('class="diagkit-code"',
-                                                   'class="diagkit-code diagkit-fix-code"')
-        out.append(f"<div class='diagkit-fix'><b>fix:</b>{code}</div>")
+    if fixtext.parts(f.fix):
+        out.append(f"<div class='diagkit-fix'><b>fix:</b>{fix_html(f.fix, copy=True)}</div>")
     source = source_html(getattr(f, "source", ()))
     if source:
         out.append("<details class='diagkit-finding-source'><summary>where its optimizer "

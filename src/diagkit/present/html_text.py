@@ -52,25 +52,27 @@ _COPY = ("const p=this.previousElementSibling;const t=p.textContent;"
          "()=>{getSelection().selectAllChildren(p);this.textContent='selected: Ctrl+C'})")
 
 
-def code_block(code: str, copy: bool = False) -> str:
-    """One block of code to paste: a <pre> that wraps, with a copy button beside it."""
+def code_block(code: str, copy: bool = False, kind: str = "diagkit-code") -> str:
+    """One block of code to paste: a <pre> that wraps, with a copy button beside it. `kind`:
+    its classes (a fix's code also carries `diagkit-fix-code`)."""
     body = _NAME_DOT.sub(".<wbr>", html.escape(code))
     if not copy:
-        return f'<pre class="diagkit-code" style="{CODE_STYLE}">{body}</pre>'
+        return f'<pre class="{kind}" style="{CODE_STYLE}">{body}</pre>'
     return (f'<div class="diagkit-code-row" style="display:flex;align-items:flex-start;gap:6px">'
-            f'<pre class="diagkit-code" style="flex:1;min-width:0;{CODE_STYLE}">{body}</pre>'
+            f'<pre class="{kind}" style="flex:1;min-width:0;{CODE_STYLE}">{body}</pre>'
             f'<button type="button" class="diagkit-copy" title="copy this code" '
             f'style="flex:none;margin-top:2px" onclick="{_COPY}">copy</button></div>')
 
 
 def fix_html(fix: str, copy: bool = False) -> str:
     """A fix as it reads (`fixtext.parts`): each line of words as prose, each block of code
-    as a wrapping <pre> (with a copy button when `copy`). An older save's one-line fix, or a
-    comparison's fix that quotes `code`, is words."""
+    as a wrapping <pre> of classes `diagkit-code diagkit-fix-code` (with a copy button when
+    `copy`). An older save's one-line fix, or a comparison's fix that quotes `code`, is
+    words."""
     out = []
     for kind, text in fixtext.parts(fix):
         if kind == "code":
-            out.append(code_block(text, copy))
+            out.append(code_block(text, copy, kind="diagkit-code diagkit-fix-code"))
         else:
             out.append(f'<p class="diagkit-fix-words" style="margin:2px 0">{prose(text)}</p>')
     return "".join(out)

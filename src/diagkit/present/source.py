@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import os
 
-from ..measure.cells import place
+from ..core.format import place
 
 _HOW = {"call": "built at", "assigned": "its tensors listed at",
         "watch": "built at (found from the watch(...) call)",
