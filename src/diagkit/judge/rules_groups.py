@@ -24,14 +24,14 @@ def decay_on_norm_or_bias(params, steps):
 def _explain_decay(label, group, steps):
     message = (f"{subject(label, group)} is a bias or a normalization weight in a group with "
                "weight_decay > 0; decaying these usually hurts.")
-    build = ("uild the groups that way where you build the optimizer (as minGPT's "
+    build = ("build the groups that way where you build the optimizer (as minGPT's "
              "configure_optimizers does): the tensors of two or more dimensions in a group "
              "with weight decay, the others (p.dim() < 2) in one with weight_decay=0.0.")
     moved = fix_code.to_no_decay(label, group)
     if moved is None:
-        return message, "B" + build
+        return message, build[:1].upper() + build[1:]
     return message, compose(("Move it to a group without weight decay:", moved),
-                            ("Or b" + build, None))
+                            (f"Or {build}", None))
 
 
 @verdict("in_multiple_optimizers", "error",
