@@ -1,0 +1,47 @@
+"""What a watch holds of its trackers (`Watch.trackers`): it turns the watch's moments (a window
+judged, a new finding, the end) into the sinks' calls, sent off the loop (`sender.Sender`)."""
+
+from __future__ import annotations
+
+from ...present import tracked
+from .choose import open_sinks
+from .sender import Sender
+
+
+class Trackers:
+    """The trackers of one watch (rank 0 only). Never raises into the loop."""
+
+    def __init__(self, sinks: list, context):
+        self.context = context
+        self.sender = Sender(sinks, context.say)
+        self.offset = context.step_offset
+
+    @classmethod
+    def open(cls, report_to, context) -> "Trackers | None":
+        """The trackers `report_to` names, open; None when none could be (each said)."""
+        sinks = open_sinks(report_to, context)
+        return cls(sinks, context) if sinks else None
+
+    def judged(self, steps, findings) -> None:
+        """Findings judged over the observed `steps` (diagkit's numbering): the series
+        `diagkit/errors` and `diagkit/warnings` get one point per observed step."""
+        values = tracked.counts(findings)
+        for step in steps:
+            self.sender.send("scalars", dict(values), int(step) + self.offset)
+
+    def announced(self, finding, step: int | None) -> None:
+        """A new warning or error of a whole-run watch: the tracker's alert, once."""
+        shown = None if step is None else step + self.offset
+        self.sender.send("alert", *tracked.alert(finding, shown))
+
+    def ended(self, diagnosis, folder=None) -> None:
+        """The end: the summary, the findings table and (with `folder`: report=True) the saved
+        diagnosis as artifacts; then wait (bounded) until it is sent."""
+        self.sender.send("summary", tracked.status(diagnosis.findings))
+        self.sender.send("table", tracked.findings_rows(diagnosis))
+        if folder is not None:
+            self.sender.send("artifacts", folder)
+        self.sender.flush()
+
+    def close(self, timeout: float = 30.0) -> None:
+        self.sender.close(timeout)
