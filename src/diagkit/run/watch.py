@@ -33,7 +33,7 @@ from ..measure.run_clock import RunClock
 from ..measure.step_clock import StepClock
 from ..measure.step_state import LoopFacts
 from ..measure.unwrap import compiled_entry
-from . import watch_ends
+from . import watch_ends, watch_trackers
 from .gather import RankChannel, distributed
 from .live import LiveFeed, shown
 from .watch_options import check_watch_options, unwrapped
@@ -49,7 +49,7 @@ def watch(model, optimizer_or_list=None, *, steps: int | None = DEFAULTS["watch_
           sample: int = DEFAULTS["sample"], out=None, report: bool = False,
           timeout: float = DEFAULTS["timeout"], on_finding=None,
           halt_on: str | None = None, live: bool | None = None,
-          memory_budget: float = DEFAULTS["memory_budget"]) -> "Watch":
+          memory_budget: float = DEFAULTS["memory_budget"], report_to=None) -> "Watch":
     """Observe the next `steps` observed optimizer steps of the user's own loop (steps 0,
     every, 2*every, ... counted from now), then detach and judge.
 
@@ -70,13 +70,16 @@ def watch(model, optimizer_or_list=None, *, steps: int | None = DEFAULTS["watch_
     `timeout`: seconds rank 0 waits at the end for the other ranks' observations.
     `memory_budget`: on CUDA, the share of the free device memory exact mode's snapshots may
     take; past it the largest tensors are fingerprinted instead (`meta["over_budget"]`).
+    `report_to`: the experiment trackers whose open runs get the status, the findings table
+    and the alerts ("wandb", "tensorboard", "mlflow", "trackio", a list, "all", "none": the
+    default; docs/integrations.md, "Trackers"), sent from a thread of their own, rank 0 only.
     The optimizers exist already: where their groups were built is read from the caller's
     `watch(...)` statement (`measure.provenance.watch_sources`).
     """
     return Watch(model, optimizer_or_list, steps=steps, every=every, delta=delta,
                  sample=sample, out=out, report=report, timeout=timeout,
                  on_finding=on_finding, halt_on=halt_on, live=live, caller=sys._getframe(1),
-                 memory_budget=memory_budget)
+                 memory_budget=memory_budget, report_to=report_to)
 
 
 class Watch:
@@ -86,16 +89,18 @@ class Watch:
     def __init__(self, model, optimizer_or_list, *, steps, every, delta, sample, out, report,
                  timeout, on_finding=None, halt_on=None, caller=None, first_step=0,
                  sources=None, live=None, memory_budget=DEFAULTS["memory_budget"],
-                 names=None):
+                 names=None, report_to=None, tracking=None):
         check_watch_options(steps=steps, every=every, delta=delta, sample=sample, out=out,
                             report=report, timeout=timeout, on_finding=on_finding,
-                            halt_on=halt_on, live=live, memory_budget=memory_budget)
+                            halt_on=halt_on, live=live, memory_budget=memory_budget,
+                            report_to=report_to)
         self.memory_budget = memory_budget
         self.report, self.steps, self.every, self.delta = bool(report), steps, every, delta
         self.out = None if out is None else Path(out)
         self.wrappers, self.optimizers, self.sources, self.inventory = [], [], [], None
         self.names = names or {}  # the user's names for the model and optimizers (meta)
         self.run = self.observer = self.clock = self.channel = self.live = self.entry = None
+        self.trackers = None  # report_to's trackers (rank 0): `watch_trackers`
         self._diagnosis: Diagnosis | None = None
         self._finished, self._started = False, time.perf_counter()
         self._ended = "steps"  # how it ended: steps, stop, exit, SIGTERM, failed (meta["ended"])
@@ -103,7 +108,8 @@ class Watch:
         try:
             self._begin(model, optimizer_or_list, sample=sample, timeout=timeout,
                         on_finding=on_finding, halt_on=halt_on, caller=caller,
-                        first_step=first_step, sources=sources)
+                        first_step=first_step, sources=sources,
+                        trackers=(report_to, tracking))
         except DiagkitError:  # what the user passed: theirs to fix, nothing left attached
             detach_quietly(self.clock, self.observer)
             raise
@@ -113,7 +119,7 @@ class Watch:
         self.live = self._live(live)
 
     def _begin(self, model, optimizer_or_list, *, sample, timeout, on_finding, halt_on, caller,
-               first_step, sources) -> None:
+               first_step, sources, trackers=(None, None)) -> None:
         """Take the inventory and set every hook. A `DiagkitError` is what the user passed
         (or an engine diagkit refuses); anything else is diagkit's own failure (`__init__`)."""
         steps, every = self.steps, self.every
@@ -153,6 +159,8 @@ class Watch:
             self.observer = self.run.observer
             self.clock = RunClock(self.observer, optimizers, plan=self._plan,
                                   on_done=self._finish, first_step=first_step)
+        if self.channel is None or self.channel.rank == 0:  # only rank 0 sends
+            self.trackers = watch_trackers.opened(*trackers, out=self.out)
         if self.run is None:
             self.observer.attach()
         self.clock.start()
@@ -328,6 +336,10 @@ class Watch:
         if run is not None:
             self._diagnosis = run.result(self._diagnosis)
         self._save()
+        # a watch that ended inside a training step does not wait for its trackers
+        watch_trackers.ended(self.trackers, self._diagnosis, whole_run=run is not None,
+                             folder=self.out if self.report else None,
+                             wait=self._ended != "steps")
 
     def save_running(self) -> None:
         """A whole-run watch's diagnosis so far, saved to `out` while the run goes on (what

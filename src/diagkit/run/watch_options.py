@@ -11,11 +11,12 @@ from ..core.options import DEFAULTS, check_option, check_run_options, positive_s
 from ..measure.unwrap import unwrap_model, unwrap_optimizers
 from ..measure.zero import ZeroView
 from .live import check_live
+from .trackers.choose import check_report_to
 
 
 def check_watch_options(*, steps, every, delta, sample, out, report, timeout, on_finding=None,
                         halt_on=None, live=None,
-                        memory_budget=DEFAULTS["memory_budget"]) -> None:
+                        memory_budget=DEFAULTS["memory_budget"], report_to=None) -> None:
     """Every option of `watch` checked before anything is attached (the callbacks check theirs
     with it as they are built): a bad one, or an `out` that cannot be written, fails now, not
     after training."""
@@ -23,6 +24,7 @@ def check_watch_options(*, steps, every, delta, sample, out, report, timeout, on
     positive_seconds(timeout, "timeout")
     check_option("memory_budget", memory_budget)
     check_live(live)
+    check_report_to(report_to)
     if on_finding is not None and not callable(on_finding):
         raise DiagkitError(f"on_finding must be a callable taking a Finding, got "
                            f"{type(on_finding).__name__}")

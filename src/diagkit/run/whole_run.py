@@ -203,6 +203,9 @@ class WholeRun:
                   if new and first != last else {})
         for span in self.timeline.advance(judged.findings, first, last, starts, self.events):
             self._announce(span)
+        if self.watch.trackers is not None:  # report_to: the series, one point a step
+            self.watch.trackers.judged(sorted(set(int(s) for s in steps["step"])),
+                                       judged.findings)
         self.figures.update(((f.code, f.module), (first, last)) for f in judged.findings)
         self.kept.add(steps, around_change=around)
 
@@ -237,6 +240,8 @@ class WholeRun:
         # notebook wraps a long one mid-number. The whole text stays in the diagnosis.
         log.log(logging.ERROR if f.severity == "error" else logging.WARNING, "%s",
                 finding_line(f, since))
+        if self.watch.trackers is not None:  # report_to: the tracker's alert, once
+            self.watch.trackers.announced(f, since)
         if self.halt_on is not None and severity.rank(f.severity) >= severity.rank(self.halt_on):
             self.should_stop = True
         if self.on_finding is not None:

@@ -36,13 +36,23 @@ class Sender:
         self._queue.put(("flush", (done,)))
         return done.wait(timeout)
 
-    def close(self, timeout: float = 30.0) -> bool:
-        """Flush, close each sink, end the thread."""
-        sent = self.flush(timeout)
+    def end(self) -> None:
+        """After what is queued: flush, close each sink, end the thread. Returns at once (a
+        watch that ends inside a training step does not wait for its trackers)."""
+        self._queue.put(("flush", (threading.Event(),)))
         self._queue.put(("close", ()))
         self._queue.put((_STOP, ()))
-        self._thread.join(timeout if sent else 0.1)
-        return sent
+
+    def wait(self, timeout: float = 30.0) -> bool:
+        """Wait until the thread has sent everything and ended (`end`); False if `timeout`
+        seconds passed first."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """`end`, then `wait`."""
+        self.end()
+        return self.wait(timeout)
 
     def _drain(self) -> None:
         while True:

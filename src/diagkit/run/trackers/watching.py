@@ -3,9 +3,16 @@ judged, a new finding, the end) into the sinks' calls, sent off the loop (`sende
 
 from __future__ import annotations
 
+import atexit
+import time
+import weakref
+
 from ...present import tracked
 from .choose import open_sinks
 from .sender import Sender
+
+# How long an end waits for its trackers, at most.
+WAIT_SECONDS = 30.0
 
 
 class Trackers:
@@ -36,12 +43,33 @@ class Trackers:
 
     def ended(self, diagnosis, folder=None) -> None:
         """The end: the summary, the findings table and (with `folder`: report=True) the saved
-        diagnosis as artifacts; then wait (bounded) until it is sent."""
+        diagnosis as artifacts, then each sink closes. Returns at once: `wait` (a `stop()`,
+        a framework's end of training, the process's exit) waits until it is sent."""
         self.sender.send("summary", tracked.status(diagnosis.findings))
         self.sender.send("table", tracked.findings_rows(diagnosis))
         if folder is not None:
             self.sender.send("artifacts", folder)
-        self.sender.flush()
+        self.sender.end()
+        _PENDING.add(self)
 
-    def close(self, timeout: float = 30.0) -> None:
-        self.sender.close(timeout)
+    def wait(self, timeout: float = WAIT_SECONDS) -> bool:
+        """Wait until everything is sent (bounded): False if `timeout` passed first, said."""
+        sent = self.sender.wait(timeout)
+        if not sent:
+            self.context.say(f"diagkit: the trackers took over {timeout:.0f} s; what was not "
+                             f"sent yet is left behind")
+        _PENDING.discard(self)
+        return sent
+
+
+# Trackers whose last sends may still be under way: the process's exit waits for them.
+_PENDING: "weakref.WeakSet[Trackers]" = weakref.WeakSet()
+
+
+@atexit.register
+def _wait_all() -> None:
+    """At the interpreter's exit, before the trackers' own exit hooks (registered when their
+    runs were opened, earlier) close their runs: what diagkit queued is sent."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    for trackers in list(_PENDING):
+        trackers.wait(max(0.1, deadline - time.monotonic()))
