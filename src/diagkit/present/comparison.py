@@ -8,9 +8,8 @@ import math
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
-from ..core import severity
+from ..core import extras, severity
 from ..core.format import fmt_number, fmt_shape, human_bytes, truncate_left
 from ..measure.checkpoint_diff import STATUSES
 from .sections import findings_table, severity_chip
@@ -97,7 +96,12 @@ def change_figure(cmp, max_labels: int = 40):
     """Relative change ‖B − A‖ / ‖A‖ per tensor present in both with the same shape, in file
     order, on a log axis. Unchanged tensors are red crosses on the left edge, tensors that
     start from all zeros triangles on the right edge; names label the rows up to
-    `max_labels` tensors."""
+    `max_labels` tensors. matplotlib is imported here: a comparison shows (its banner and
+    findings, `comparison_html`) without the workbook extra (README, "Install")."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise extras.missing_error(exc, "diagkit's plotting") from None
     t = cmp.table[cmp.table["status"].isin(["changed", "unchanged"])]
     n = len(t)
     labelled = 0 < n <= max_labels

@@ -17,8 +17,13 @@ import html
 import io
 from types import SimpleNamespace
 
-import ipywidgets as widgets
-from matplotlib.figure import Figure
+from ..core import extras
+
+try:  # the explorer is the workbook extra's (README, "Install"): one line without it
+    import ipywidgets as widgets
+    from matplotlib.figure import Figure
+except ImportError as exc:
+    raise extras.missing_error(exc, "the explorer") from None
 
 from . import explorer_findings
 from .explorer_keys import keys_widget

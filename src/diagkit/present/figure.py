@@ -3,9 +3,14 @@ that are never mathtext, and the legend."""
 
 from __future__ import annotations
 
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.ticker import MaxNLocator
+from ..core import extras
+
+try:  # the figures are the workbook extra's (README, "Install"): one line without it
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+except ImportError as exc:
+    raise extras.missing_error(exc, "diagkit's plotting") from None
 
 from ..core.format import truncate_left
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from matplotlib import colormaps
-from matplotlib.figure import Figure
 
-from ..core import severity
+from ..core import extras, severity
+
+try:  # the figures are the workbook extra's (README, "Install"): one line without it
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+except ImportError as exc:
+    raise extras.missing_error(exc, "diagkit's plotting") from None
+
 from .figure import LABEL_WIDTH, axes, label, no_data, verdict_text
 from .ranking import problems_first, row_severity, subtree_labels
 

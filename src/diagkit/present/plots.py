@@ -13,10 +13,15 @@ import warnings
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 
-from ..core import severity
+from ..core import extras, severity
+
+try:  # the figures are the workbook extra's (README, "Install"): one line without it
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+except ImportError as exc:
+    raise extras.missing_error(exc, "diagkit's plotting") from None
+
 from ..measure.aggregate import fold_ranks
 from .figure import axes, finish, label, no_data, verdict_text
 from .ranking import problems_first, row_severity

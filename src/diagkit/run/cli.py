@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from ..core import severity
+from ..core import extras
 from ..core.errors import DiagkitError
 from ..core.files import check_output
 from ..core.format import one_line
@@ -161,6 +162,7 @@ def _run(argv) -> int:
     if args.command is None:
         raise DiagkitError("missing command: use 'diagkit check TARGET' or 'diagkit demo' "
                            "(see 'diagkit --help')")
+    _need_workbook(args)
     if args.command == "notebooks":
         check_lookup(args.dir, "notebooks folder")
         from .shipped_notebooks import command
@@ -169,6 +171,17 @@ def _run(argv) -> int:
         from .compare import command
         return command(args)
     return {"check": _check, "report": _report, "demo": _demo}[args.command](args)
+
+
+def _need_workbook(args) -> None:
+    """The commands that execute or copy a notebook need the workbook extra: said first, in
+    one line, before a target is imported or a folder made (README, "Install")."""
+    if args.command in ("report", "demo"):
+        extras.need(extras.REPORT, f"diagkit {args.command}")
+    elif args.command == "compare" and args.out:
+        extras.need(extras.REPORT, "diagkit compare --out")
+    elif args.command == "notebooks":
+        extras.need(extras.NOTEBOOKS, "diagkit notebooks")
 
 
 def _diagnose_target(args):

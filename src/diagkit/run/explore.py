@@ -15,15 +15,18 @@ import os
 import time
 from pathlib import Path
 
+from ..core import extras
 from ..core.errors import DiagkitError
 from ..core.result import load
 
 
 def explore(diagnosis_or_folder, top: int = 6):
     """An interactive explorer (ipywidgets) of a `Diagnosis`, or of the diagnosis saved in a
-    folder; `top`: how many problem tensors are picked at first."""
+    folder; `top`: how many problem tensors are picked at first. Without the workbook extra,
+    one line saying to install it (README, "Install")."""
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise DiagkitError(f"top must be a positive integer, got {top!r}")
+    extras.need(extras.EXPLORER, "diagkit.explore")
     from ..present.explorer import Reloadable
     from ..present.explorer import explore as view
     if isinstance(diagnosis_or_folder, (str, os.PathLike)):

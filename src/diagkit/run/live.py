@@ -23,7 +23,9 @@ kernel's IOPub thread: nothing waits on the front end.
 
 Shown in a Jupyter kernel (`live=None`), or in any IPython with `live=True`; never elsewhere,
 and ipywidgets is imported only when it is shown. Under a process group only rank 0 shows it,
-from its own steps (every rank's are joined at the end, as always).
+from its own steps (every rank's are joined at the end, as always). The view is the workbook
+extra's (README, "Install"): without it, `live=None` in a kernel falls back to the log lines
+as outside one, and `live=True` is refused by `watch` in one line saying to install it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import sys
 import threading
 import time
 
+from ..core import extras
 from ..core.errors import DiagkitError
 from ..measure.step_records import StepRecords
 from .live_cells import Cells
@@ -44,22 +47,29 @@ DUTY = 0.02         # the share of the wall clock the feed's own work may take i
 
 
 def check_live(live) -> None:
+    """`live` is True, False or None; True asks for the panel, so without the workbook extra
+    it is one line saying to install it, before anything is attached."""
     if live is not None and not isinstance(live, bool):
         raise DiagkitError(f"live must be True, False or None (shown in a Jupyter kernel), "
                            f"got {live!r}")
+    if live:
+        extras.need(extras.EXPLORER, "live=True (the live view)")
 
 
 def shown(live: bool | None) -> bool:
     """Whether a watch shows the live view: `live`, or (None) whether a Jupyter kernel runs
-    this process. Read from `sys.modules`: nothing is imported to find out."""
+    this process and the workbook's widgets are installed (else the log lines, as outside a
+    kernel). Read from `sys.modules` and the path: nothing is imported to find out."""
     if live is False:
         return False
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     if shell is None:
         return False
-    return bool(live) or ("ipykernel" in sys.modules and getattr(shell, "kernel", None)
-                          is not None)
+    if live:
+        return True
+    return ("ipykernel" in sys.modules and getattr(shell, "kernel", None) is not None
+            and not extras.missing(extras.EXPLORER))
 
 
 @dataclasses.dataclass

@@ -11,6 +11,7 @@ import io
 from datetime import datetime
 from pathlib import Path
 
+from ..core import extras
 from ..core.errors import DiagkitError
 from ..core.files import write_json_atomic
 from ..core.format import one_line
@@ -228,5 +229,6 @@ def explorer(diag, enabled: bool = True):
         diag.refuse()
     if not enabled:
         return None
+    extras.need(extras.EXPLORER, "the explorer")
     from ..present.explorer import explore
     return explore(diag)

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..core import severity
+from ..core import extras, severity
 from ..core.errors import DiagkitError
 from ..core.files import real_path
 from ..core.format import one_line
@@ -47,8 +47,11 @@ def write_report(out, sections: dict[str, dict], show_code: bool = False,
     """Execute the workbook once per section (name -> notebook parameters) into one report.
 
     One section writes its data files at the top of `out`; several write them in a subfolder
-    per section, and the report shows the sections one after another.
+    per section, and the report shows the sections one after another. Without the workbook
+    extra (papermill, nbconvert, a kernel) it is one line saying to install it (README,
+    "Install"): `watch(report=True)` then says so as it saves.
     """
+    extras.need(extras.REPORT, "the report")
     import nbformat
 
     checked = {name: _given(params, check(params)) for name, params in sections.items()}
