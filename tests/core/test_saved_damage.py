@@ -13,7 +13,8 @@ import torch
 
 import diagkit
 from diagkit import DiagkitError
-from diagkit.core.result import _FORMAT_VERSION as FORMAT_VERSION, StepFailure
+from diagkit.core.result import StepFailure
+from diagkit.core.schema import FORMAT_VERSION
 from diagkit.run.notebook import load_saved
 
 # Columns added after format 1 was first written.

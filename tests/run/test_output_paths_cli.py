@@ -1,6 +1,6 @@
 """The command line's outputs through links, into a stream, and into a link loop (issue 36, R2,
-R18; docs/cli.md, "Command line"): `--json` to this process's standard output prints the JSON
-after the findings; a loop given as `--json`, `--save` or `--out` is one line and exit 2.
+R18; docs/cli.md, "Command line"): `--json` to this process's standard output makes it hold the
+JSON alone (the findings go to standard error); a loop given as `--json`, `--save` or `--out` is one line and exit 2.
 Streams are reached through a link made in tmp_path, never by writing a system path."""
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from test_cli import assert_one_line_error, run
 pytestmark = pytest.mark.slow  # the console script in a subprocess
 
 
-def test_json_to_standard_output_prints_it_after_the_findings(tmp_path):
+def test_json_to_standard_output_holds_the_json_alone(tmp_path):
     (tmp_path / "stdout").symlink_to("/proc/self/fd/1")  # /dev/stdout, made here
     proc = run("check", "diagkit.demos:clean", "--steps", "1", "--json", "stdout",
                "--save", "saved", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    findings, brace, rest = proc.stdout.partition("\n{\n")
-    assert "no findings" in findings
-    payload = json.loads(brace + rest)
+    assert "no findings" in proc.stderr
+    payload = json.loads(proc.stdout)
     assert {p["name"] for p in payload["params"]} == set(diagkit.load(tmp_path / "saved")
                                                         .params["name"])
     assert os.readlink(tmp_path / "stdout") == "/proc/self/fd/1"

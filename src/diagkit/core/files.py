@@ -154,7 +154,10 @@ def file_target(path: Path, label: str) -> tuple[str, Path | int]:
     - ("swap", real path): a regular file, or none yet: written beside and renamed over it.
       Through a symbolic link, the file it points to is the one replaced; the link stays.
 
-    Anything else there (a folder, a socket, a block device) is refused in one line."""
+    Anything else there (a folder, a socket, a block device) is refused in one line. `-` is
+    standard output (`check --json -`: docs/cli.md)."""
+    if str(path) == "-":
+        return "stream", 1
     found = lookup(path, label)
     if found is None:
         return "swap", real_path(path, label)

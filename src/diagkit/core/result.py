@@ -19,9 +19,9 @@ from . import severity
 from . import saved
 from .files import check_replaceable_dir, json_text, records, to_jsonable, to_parquet
 from .format import human_bytes
+from .schema import FORMAT_VERSION, SCHEMA_VERSION
 from .swap import write_dir_atomic
 
-_FORMAT_VERSION = saved.FORMAT_VERSION  # what a save writes; `saved` says what a load reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +160,9 @@ class Diagnosis(_Judged):
         return {name: set(v) for name, v in zip(self.params["name"], self.params["verdicts"])}
 
     def to_json_dict(self) -> dict:
+        """What `diagkit check --json` writes (docs/result.md, "Schema version")."""
         return {
+            "schema_version": SCHEMA_VERSION,
             "params": records(self.params),
             "findings": [f.to_dict() for f in self.findings],
             "advice": self.advice,
@@ -181,7 +183,8 @@ class Diagnosis(_Judged):
         _write_json(folder / "findings.json", [f.to_dict() for f in self.findings])
         _write_json(folder / "advice.json", self.advice)
         _write_json(folder / "run.json", {
-            "format": _FORMAT_VERSION, "meta": self.meta, "checkpoint": self.checkpoint,
+            "format": FORMAT_VERSION, "schema_version": SCHEMA_VERSION, "meta": self.meta,
+            "checkpoint": self.checkpoint,
             "failure": dataclasses.asdict(self.failure) if self.failure else None})
 
     def _repr_html_(self) -> str:
@@ -228,7 +231,7 @@ class Comparison(_Judged):
 
     def to_json_dict(self) -> dict:
         """Strict JSON (NaN and inf become null): summary, one object per tensor, findings."""
-        return to_jsonable({"summary": self.summary, "tensors": records(self.table),
+        return to_jsonable({"schema_version": SCHEMA_VERSION, "summary": self.summary, "tensors": records(self.table),
                             "findings": [f.to_dict() for f in self.findings],
                             "worst": self.worst()})
 

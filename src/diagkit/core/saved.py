@@ -24,10 +24,9 @@ from . import severity
 from .errors import DiagkitError
 from .files import from_parquet, reason
 from .format import brief
-from .schema import PARAMS_COLUMNS, STEPS_COLUMNS
+from .schema import FORMAT_VERSION, PARAMS_COLUMNS, STEPS_COLUMNS
 from .swap import recover
 
-FORMAT_VERSION = 1
 TRIES = 3  # reads of a folder that a save replaced while it was read
 # Columns added after format 1, with the value each meant in a save from before it existed.
 ADDED = {"params": {"placement": "", "stage": "", "skipped_steps": 0},

@@ -9,6 +9,14 @@ from __future__ import annotations
 import re
 
 # name -> meaning. Order is the column order of the DataFrame.
+# The result's schema (docs/result.md, "Schema version"): "<format>.<minor>". `FORMAT_VERSION`
+# goes up when a field is removed, renamed or changes meaning (a diagkit that reads an older
+# format refuses a newer one); the minor goes up when a field is added (readers ignore fields
+# they do not know). `--json` and a saved folder's run.json carry it as `schema_version`; a test
+# fails when a field changes and this does not (tests/core/test_schema_version.py).
+FORMAT_VERSION = 1
+SCHEMA_VERSION = f"{FORMAT_VERSION}.0"
+
 PARAMS_COLUMNS: dict[str, str] = {
     "name": "first name model.named_parameters() gives the tensor; `<optimizer i group j #k>` "
             "for a tensor held by an optimizer but not by the model (in a whole run, one that "

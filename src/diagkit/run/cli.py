@@ -16,7 +16,7 @@ from ..core.files import check_output
 from ..core.format import one_line
 from ..core.options import DEFAULTS, DELTA_MODES, HELP, check_meta_options, check_option
 from . import signals
-from .check_outputs import check_outputs, unwritten_line
+from .check_outputs import check_outputs, stdout_for_json, unwritten_line
 from .cli_run import bounded as _bounded, import_timeout as _import_timeout
 from .cli_run import parse_target_args as _parse_target_args
 from .cli_run import precheck_target as _precheck_target
@@ -205,7 +205,8 @@ def _check(args) -> int:
     if args.try_fix:  # the fix preview (`run.try_fix`)
         from .try_fix import command
         return command(args)
-    diag = _diagnose_target(args)
+    with stdout_for_json(args):  # `--json -`: standard output holds the JSON alone
+        diag = _diagnose_target(args)
     unwritten = check_outputs(args, diag)
     problems = [unwritten_line(args, unwritten)] if unwritten else []
     if diag.meta.get("timed_out"):  # the steps before it are judged and written: still exit 2
