@@ -1,0 +1,227 @@
+"""report_to="wandb": diagkit's status, findings, alerts and saved diagnosis land in the W&B run
+the user opened, read back from the offline run's own files (docs/integrations.md, "Trackers").
+
+W&B runs offline here: nothing reaches the network. Offline, every record of the run is in its
+transaction log (`run-<id>.wandb`, what `wandb sync` uploads); wandb 0.31 ships no Python reader
+for it, so `records` reads its block format (LevelDB's log: a 7-byte file header, 32 KiB blocks,
+each record a 7-byte header and a `wandb_internal_pb2.Record`). W&B's service process is ended
+at the module's end (`wandb.teardown`): the suite fails on a process left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+wandb = pytest.importorskip("wandb")
+from wandb.proto import wandb_internal_pb2  # noqa: E402
+
+import diagkit  # noqa: E402
+from diagkit.run.trackers import choose, to_wandb  # noqa: E402
+from diagkit.run.trackers.context import Context  # noqa: E402
+from diagkit.run.trackers.watching import Trackers  # noqa: E402
+from models import MLP, fixed_batch, mse_loss  # noqa: E402
+
+OFFLINE = {  # W&B local-only: no network, no telemetry, no code or git capture, quiet
+    "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off",
+    "WANDB_DISABLE_CODE": "true", "WANDB_DISABLE_GIT": "true", "WANDB_ERROR_REPORTING": "false",
+    "WANDB_X_DISABLE_STATS": "true", "WANDB_X_DISABLE_MACHINE_INFO": "true",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def offline(tmp_path_factory):
+    """Every W&B folder (runs, staging, cache, config) under this module's temporary folder;
+    W&B's service ended at the end."""
+    home = tmp_path_factory.mktemp("wandb")
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in OFFLINE.items():
+            mp.setenv(key, value)
+        for key in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR",
+                    "WANDB_ARTIFACT_DIR"):
+            mp.setenv(key, str(home / key.lower()))
+        mp.delenv("WANDB_API_KEY", raising=False)
+        yield home
+        if wandb.run is not None:
+            wandb.run.finish()
+        wandb.teardown()
+
+
+def open_run(tmp_path, **extra):
+    return wandb.init(project="diagkit-tests", dir=tmp_path, mode="offline",
+                      settings=wandb.Settings(x_disable_stats=True, x_disable_machine_info=True,
+                                              disable_code=True, disable_git=True, console="off"),
+                      **extra)
+
+
+@pytest.fixture(scope="module")
+def orphan():
+    """A real diagnosis: fc2 (the head) is left out of the optimizer (an orphan, an error)."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.fc1.parameters(), lr=0.1)
+    return diagkit.diagnose(model, opt, batch_fn=fixed_batch, loss_fn=mse_loss, steps=3)
+
+
+def records(run_file: Path) -> list:
+    """The records of an offline run's transaction log, in order."""
+    data = run_file.read_bytes()
+    assert data[:4] == b":W&B"
+    out, pending, pos, block = [], b"", 7, 32768
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, size, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        pending += data[pos + 7:pos + 7 + size]
+        pos += 7 + size
+        if kind in (1, 4):  # a FULL record, or the LAST piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            out.append(record)
+            pending = b""
+    return out
+
+
+def finished_records(run_file: Path, timeout: float = 30.0) -> list:
+    """The records once the run's `exit` record is written: W&B's service writes the file on
+    its own, and may still be at it when `finish()` returns."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = records(run_file)
+        if any(r.WhichOneof("record_type") == "exit" for r in found):
+            return found
+        assert time.monotonic() < deadline, f"no exit record in {run_file}"
+        time.sleep(0.05)
+
+
+def read_back(run) -> dict:
+    """What the finished offline run holds: history rows, the final summary, metric
+    definitions, alerts, artifacts (as dicts), and the files folder."""
+    found = {"history": [], "summary": {}, "metric": [], "alert": [], "artifact": []}
+    for record in finished_records(Path(run.settings.sync_file)):
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            found["history"].append({"/".join(i.nested_key) or i.key: json.loads(i.value_json)
+                                     for i in record.history.item})
+        elif kind == "summary":
+            for item in record.summary.update:
+                found["summary"]["/".join(item.nested_key) or item.key] = json.loads(item.value_json)
+        elif kind == "metric":
+            found["metric"].append((record.metric.name or record.metric.glob_name,
+                                    record.metric.step_metric))
+        elif kind == "alert":
+            found["alert"].append((record.alert.title, record.alert.text, record.alert.level))
+        elif kind == "artifact":
+            found["artifact"].append((record.artifact.name, record.artifact.type,
+                                      sorted(c.path for c in record.artifact.manifest.contents)))
+    found["files"] = Path(run.settings.files_dir)
+    return found
+
+
+def diagkit_rows(history: list[dict]) -> list[tuple]:
+    """The series' points (W&B's step_sync also puts `diagkit/step` in the table's row)."""
+    return [(h["diagkit/step"], h["diagkit/errors"], h["diagkit/warnings"])
+            for h in history if "diagkit/errors" in h]
+
+
+def test_a_watch_sends_status_table_alert_and_diagnosis_to_the_open_run(tmp_path, orphan):
+    run = open_run(tmp_path)
+    run.log({"train/loss": 1.0})  # the user's own row: W&B's _step is 0 before diagkit's
+    lines = []
+    assert to_wandb.active() and "wandb" in choose.words("all")
+    trackers = Trackers.open("wandb", Context(step_offset=1, say=lines.append))
+    trackers.judged([0, 1, 2], orphan.findings)
+    trackers.announced(orphan.findings[0], 2)
+    folder = orphan.save(tmp_path / "diag")
+    trackers.ended(orphan, folder)
+    assert trackers.wait()
+    assert lines == []
+    assert wandb.run is run  # the user's run is left open
+    run.finish()
+
+    got = read_back(run)
+    assert ("diagkit/*", "diagkit/step") in got["metric"]
+    # one point per observed step, against diagkit/step = diagkit's step + 1 (a framework's)
+    assert diagkit_rows(got["history"]) == [(1, 1, 1), (2, 1, 1), (3, 1, 1)]
+    assert [h["_step"] for h in got["history"] if "diagkit/errors" in h] == [1, 2, 3]
+    summary = got["summary"]
+    assert (summary["diagkit/errors"], summary["diagkit/warnings"],
+            summary["diagkit/status"]) == (1, 1, "error")
+    assert got["alert"] == [("diagkit: orphan",
+                             "diagkit: error: orphan in fc2 (2 tensors) from step 3; fix: "
+                             'optimizer.param_groups[0]["params"].extend(model.fc2.parameters())',
+                             "ERROR")]
+    (table_file,) = (got["files"] / summary["diagkit/findings/path"]).parent.glob("findings_*")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == ["name", "verdict", "severity", "module", "bytes", "from_step",
+                                "fix"]
+    assert [r[:6] for r in table["data"]] == [
+        ["fc2.weight", "orphan", "error", "fc2", 60, 0], ["fc2.bias", "orphan", "error", "fc2", 12, 0],
+        ["fc2.weight", "grad_not_cleared", "warning", "fc2", 60, 0],
+        ["fc2.bias", "grad_not_cleared", "warning", "fc2", 12, 0]]
+    assert "extend(model.fc2.parameters())" in table["data"][0][6]
+    (saved,) = [a for a in got["artifact"] if a[1] == "diagkit"]
+    assert saved[0] == "diagkit-diagnosis"
+    assert {"run.json", "findings.json", "params.parquet", "steps.parquet"} <= set(saved[2])
+
+
+def test_a_run_object_in_report_to_is_the_one_sent_to(tmp_path, orphan):
+    """Two runs open (`reinit="create_new"`): the one named in report_to gets diagkit's rows,
+    the other nothing."""
+    chosen = open_run(tmp_path / "a", reinit="create_new")
+    other = open_run(tmp_path / "b", reinit="create_new")
+    choose.check_report_to([chosen])
+    trackers = Trackers.open([chosen], Context(say=print))
+    trackers.judged([4], orphan.findings)
+    trackers.ended(orphan)
+    assert trackers.wait()
+    chosen.finish()
+    other.finish()
+    assert diagkit_rows(read_back(chosen)["history"]) == [(4, 1, 1)]
+    assert diagkit_rows(read_back(other)["history"]) == []
+
+
+def test_no_open_run_is_one_line_and_no_trackers():
+    assert wandb.run is None and not to_wandb.active()
+    lines = []
+    assert Trackers.open("wandb", Context(say=lines.append)) is None
+    assert "wandb" not in choose.words("all")
+    assert lines == ["diagkit: report_to 'wandb': no W&B run is open (wandb.init() first, or "
+                     "let the framework's W&B logger open it); not sending to it"]
+
+
+def test_a_run_finished_meanwhile_is_one_line_and_the_other_run_still_gets_it(tmp_path, orphan):
+    gone = open_run(tmp_path / "gone", reinit="create_new")
+    kept = open_run(tmp_path / "kept", reinit="create_new")
+    lines = []
+    trackers = Trackers.open([gone, kept], Context(say=lines.append))
+    gone.finish()  # the user's script finished it while diagkit still watched
+    trackers.judged([0, 1], orphan.findings)
+    trackers.announced(orphan.findings[0], 1)
+    trackers.ended(orphan)
+    assert trackers.wait()
+    kept.finish()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("diagkit: could not send to wandb: UsageError: Run (")
+    assert lines[0].endswith("(the run goes on; diagkit stops sending to it)")
+    got = read_back(kept)
+    assert diagkit_rows(got["history"]) == [(0, 1, 1), (1, 1, 1)]
+    assert got["summary"]["diagkit/status"] == "error" and len(got["alert"]) == 1
+
+
+def test_asking_whether_a_run_is_open_does_not_import_wandb():
+    code = ("import sys; from diagkit.run.trackers import to_wandb; "
+            "assert not to_wandb.active() and not to_wandb.owns(object()); "
+            "assert 'wandb' not in sys.modules, 'imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ}, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
