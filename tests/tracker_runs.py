@@ -30,3 +30,19 @@ def context(**fields) -> tuple[Context, list[str]]:
     """A Context whose `say` lines land in the returned list."""
     lines: list[str] = []
     return Context(say=lines.append, **fields), lines
+
+
+def watch_orphan(report_to, **watch_kwargs):
+    """`diagkit.watch(..., report_to=report_to)` over 3 observed steps of the orphan's loop (run
+    for 5), waited for until its trackers got everything; the Watch."""
+    torch.manual_seed(0)
+    model = MLP()
+    optimizer = torch.optim.SGD(model.fc1.parameters(), lr=0.1)
+    batch = fixed_batch()
+    with diagkit.watch(model, optimizer, steps=3, report_to=report_to, **watch_kwargs) as w:
+        for _ in range(5):
+            optimizer.zero_grad()
+            mse_loss(model, batch).backward()
+            optimizer.step()
+    assert w.trackers is not None and w.trackers.wait(10)
+    return w

@@ -16,7 +16,7 @@ from diagkit.present import tracked
 from diagkit.run.trackers import to_mlflow
 from diagkit.run.trackers.choose import check_report_to, open_sinks
 from diagkit.run.trackers.watching import Trackers
-from tracker_runs import ORPHAN, ORPHAN_FIX, context, orphan_diagnosis
+from tracker_runs import ORPHAN, ORPHAN_FIX, context, orphan_diagnosis, watch_orphan
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("mlflow") is None,
                                 reason="mlflow is not installed")
@@ -86,6 +86,16 @@ def test_a_watch_sends_to_the_active_run_even_once_the_framework_ended_it(store,
     # the saved diagnosis, under diagkit/: downloaded, it loads as it was saved
     saved = diagkit.load(store.download_artifacts(rid, "diagkit", str(tmp_path / "dl")))
     assert [f.code for f in saved.findings] == [f.code for f in diagnosis.findings]
+
+
+def test_diagkit_watch_sends_to_the_run_the_user_opened(store, tmp_path):
+    import mlflow
+    with mlflow.start_run() as run:
+        watch_orphan("mlflow", out=tmp_path / "diag", report=False)
+    rid = run.info.run_id
+    assert history(store, rid, tracked.ERRORS) == [(0, 1.0), (1, 1.0), (2, 1.0), (2, 1.0)]
+    assert store.get_run(rid).data.tags[tracked.STATUS] == "error"
+    assert [a.path for a in store.list_artifacts(rid, "diagkit")] == [to_mlflow.TABLE_FILE]
 
 
 def test_lightnings_mlflow_logger_is_sent_to_through_its_client_and_run_id(store, tmp_path):

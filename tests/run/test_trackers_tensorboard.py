@@ -14,7 +14,7 @@ from diagkit.present import tracked  # noqa: E402
 from diagkit.run.trackers import to_tensorboard  # noqa: E402
 from diagkit.run.trackers.choose import check_report_to, open_sinks  # noqa: E402
 from diagkit.run.trackers.watching import Trackers  # noqa: E402
-from tracker_runs import ORPHAN, ORPHAN_FIX, context, orphan_diagnosis  # noqa: E402
+from tracker_runs import ORPHAN, ORPHAN_FIX, context, orphan_diagnosis, watch_orphan  # noqa: E402
 
 
 def read(folder) -> EventAccumulator:
@@ -44,14 +44,14 @@ def whole_watch(trackers, diagnosis, folder=None) -> None:
     assert trackers.wait(10)
 
 
-def test_a_watch_writes_the_series_status_and_table_under_out(tmp_path):
+def test_a_watch_writes_the_series_status_and_table_beside_out(tmp_path):
     diagnosis = orphan_diagnosis()
     ctx, lines = context(out=tmp_path / "diag", step_offset=1)
     trackers = Trackers.open("tensorboard", ctx)
     whole_watch(trackers, diagnosis, folder=tmp_path / "diag")
     assert lines == []
 
-    events = read(tmp_path / "diag" / "tensorboard")
+    events = read(tmp_path / "runs" / "diagkit")
     # one point per observed step (0, 1, 2), at the tracker's step (+1), then the end's counts
     assert scalars(events, tracked.ERRORS) == [(1, 1.0), (2, 1.0), (3, 1.0), (3, 1.0)]
     assert scalars(events, tracked.WARNINGS)[-1] == (3, 1.0)
@@ -66,6 +66,16 @@ def test_a_watch_writes_the_series_status_and_table_under_out(tmp_path):
                                                 "**diagkit: grad_not_cleared** (warning"]
     assert "diagkit: error: orphan in fc2 (2 tensors) from step 1; fix:" in alerts[0]
     assert texts(events, "diagkit/artifacts") == [(3, f"saved diagnosis: {tmp_path / 'diag'}")]
+
+
+def test_diagkit_watch_saves_out_and_writes_its_event_files_beside_it(tmp_path, caplog):
+    w = watch_orphan("tensorboard", out=tmp_path / "diag")
+    assert (tmp_path / "diag" / "run.json").exists()  # the save was not refused
+    assert [r.message for r in caplog.records if r.levelname == "WARNING"] == []
+    events = read(tmp_path / "runs" / "diagkit")
+    assert scalars(events, tracked.ERRORS) == [(0, 1.0), (1, 1.0), (2, 1.0), (2, 1.0)]
+    assert ORPHAN_FIX in texts(events, tracked.TABLE_KEY)[0][1]
+    assert w.diagnosis.worst() == "error"
 
 
 def test_a_given_writer_is_written_into_and_left_open(tmp_path):
@@ -86,14 +96,14 @@ def test_a_given_writer_is_written_into_and_left_open(tmp_path):
     assert lines == []
 
 
-def test_the_frameworks_log_dir_wins_over_out_and_the_writer_diagkit_opened_is_closed(tmp_path):
+def test_the_frameworks_log_dir_wins_and_the_writer_diagkit_opened_is_closed(tmp_path):
     ctx, _ = context(out=tmp_path / "diag", objects={"tensorboard_dir": tmp_path / "logs"})
     [sink] = open_sinks("tensorboard", ctx)
     sink.scalars({tracked.ERRORS: 2.0}, 7)
     sink.close()
     assert sink.writer.all_writers is None  # closed
     assert scalars(read(tmp_path / "logs"), tracked.ERRORS) == [(7, 2.0)]
-    assert not (tmp_path / "diag").exists()
+    assert not (tmp_path / "runs").exists()
 
 
 def test_standalone_without_out_it_writes_under_runs_diagkit(tmp_path, monkeypatch):

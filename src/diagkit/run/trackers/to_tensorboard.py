@@ -3,7 +3,10 @@
 TensorBoard has no open run to find: diagkit writes with a `SummaryWriter`, either the one it is
 given (a user's, or a framework's, written into and flushed, never closed) or its own, opened
 in a log dir and closed at the end: the framework's (`context.objects["tensorboard_dir"]`: HF's
-`args.logging_dir`, Lightning's `logger.log_dir`), else `<out>/tensorboard`, else `runs/diagkit`.
+`args.logging_dir`, Lightning's `logger.log_dir`), else `runs/diagkit` beside the watch's `out`
+folder (in the working directory without one): where torch's own `SummaryWriter()` writes
+(`runs/<time>_<host>`), so `tensorboard --logdir runs` shows both. Never inside `out`: a save
+replaces that folder whole, and refuses one holding files it did not write.
 So `active()` is False: "all" never starts writing event files because tensorboard is installed.
 
 What lands: the series `diagkit/errors` and `diagkit/warnings` (scalars, one point per observed
@@ -43,15 +46,21 @@ def active() -> bool:
 
 def open(context, given=None) -> "TensorBoardSink":
     """A sink writing into `given` (a `SummaryWriter`), or into a writer of its own in the
-    framework's log dir, `<out>/tensorboard` or `runs/diagkit`."""
+    framework's log dir or `runs/diagkit` (`own_dir`)."""
     if given is not None:
         return TensorBoardSink(given, own=False)
     from torch.utils.tensorboard import SummaryWriter  # only here: tensorboard is optional
-    folder = context.objects.get("tensorboard_dir")
-    if folder is None:
-        folder = Path(context.out) / "tensorboard" if context.out is not None \
-            else Path("runs") / "diagkit"
-    return TensorBoardSink(SummaryWriter(log_dir=str(folder)), own=True)
+    return TensorBoardSink(SummaryWriter(log_dir=str(own_dir(context))), own=True)
+
+
+def own_dir(context) -> Path:
+    """The framework's log dir, else `runs/diagkit` beside `out` (else in the working
+    directory)."""
+    given = context.objects.get("tensorboard_dir")
+    if given is not None:
+        return Path(given)
+    base = Path(context.out).parent if context.out is not None else Path(".")
+    return base / "runs" / "diagkit"
 
 
 class TensorBoardSink(Sink):
