@@ -114,7 +114,8 @@ def read_back(run) -> dict:
                                      for i in record.history.item})
         elif kind == "summary":
             for item in record.summary.update:
-                found["summary"]["/".join(item.nested_key) or item.key] = json.loads(item.value_json)
+                key = "/".join(item.nested_key) or item.key
+                found["summary"][key] = json.loads(item.value_json)
         elif kind == "metric":
             found["metric"].append((record.metric.name or record.metric.glob_name,
                                     record.metric.step_metric))
@@ -165,7 +166,8 @@ def test_a_watch_sends_status_table_alert_and_diagnosis_to_the_open_run(tmp_path
     assert table["columns"] == ["name", "verdict", "severity", "module", "bytes", "from_step",
                                 "fix"]
     assert [r[:6] for r in table["data"]] == [
-        ["fc2.weight", "orphan", "error", "fc2", 60, 0], ["fc2.bias", "orphan", "error", "fc2", 12, 0],
+        ["fc2.weight", "orphan", "error", "fc2", 60, 0],
+        ["fc2.bias", "orphan", "error", "fc2", 12, 0],
         ["fc2.weight", "grad_not_cleared", "warning", "fc2", 60, 0],
         ["fc2.bias", "grad_not_cleared", "warning", "fc2", 12, 0]]
     assert "extend(model.fc2.parameters())" in table["data"][0][6]

@@ -17,7 +17,7 @@ ARTIFACT = "diagkit-diagnosis"  # one artifact name per project: each run logs a
 
 
 def owns(obj) -> bool:
-    """A W&B run (`wandb.run`, `wandb.init(...)`'s result, Lightning's `WandbLogger.experiment`)."""
+    """A W&B run: `wandb.run`, what `wandb.init` returned, Lightning's `WandbLogger.experiment`."""
     wandb = sys.modules.get("wandb")
     return wandb is not None and isinstance(obj, wandb.Run)
 
@@ -72,8 +72,9 @@ class WandbSink(Sink):
         sync`). W&B throttles alerts of one title to one a minute: diagkit's title names the
         verdict, so a second finding of the same verdict within a minute is not mailed."""
         import wandb
+        levels = wandb.AlertLevel
         self.run.alert(title=title[:63], text=text,
-                       level=wandb.AlertLevel.ERROR if level == "error" else wandb.AlertLevel.WARN)
+                       level=levels.ERROR if level == "error" else levels.WARN)
 
     def artifacts(self, folder: Path) -> None:
         """The saved diagnosis (with `report/`) as a version of artifact `diagkit-diagnosis`,
