@@ -227,3 +227,26 @@ def test_asking_whether_a_run_is_open_does_not_import_wandb():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ}, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_whole_run_watch_reports_to_the_open_run(tmp_path):
+    """`diagkit.watch(..., report_to="wandb")` in a plain loop, ended by `stop()`: one alert per
+    finding, the series, the summary and the table."""
+    run = open_run(tmp_path)
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.fc1.parameters(), lr=0.1)
+    watch = diagkit.watch(model, opt, steps=None, report_to="wandb")
+    for _ in range(6):
+        opt.zero_grad()
+        mse_loss(model, fixed_batch()).backward()
+        opt.step()
+    watch.stop()
+    run.finish()
+    got = read_back(run)
+    assert sorted((title, level) for title, _, level in got["alert"]) == [
+        ("diagkit: grad_not_cleared", "WARN"), ("diagkit: orphan", "ERROR")]  # once each
+    steps = [step for step, _, _ in diagkit_rows(got["history"])]
+    assert steps and steps == sorted(steps)
+    assert got["summary"]["diagkit/status"] == "error"
+    assert got["summary"]["diagkit/findings/nrows"] == 4
