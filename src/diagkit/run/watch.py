@@ -234,6 +234,8 @@ class Watch:
         if self.clock is not None and self.clock.hooks_left:  # an inert hook left by ending
             # inside it
             self.clock.stop()
+        if self.trackers is not None:  # the user's end (a watch that ended in a step too)
+            self.trackers.wait()
         return self._diagnosis
 
     def __enter__(self) -> "Watch":
@@ -336,10 +338,9 @@ class Watch:
         if run is not None:
             self._diagnosis = run.result(self._diagnosis)
         self._save()
-        # a watch that ended inside a training step does not wait for its trackers
+        # sent from the trackers' thread: `_end` waits for it, a training step does not
         watch_trackers.ended(self.trackers, self._diagnosis, whole_run=run is not None,
-                             folder=self.out if self.report else None,
-                             wait=self._ended != "steps")
+                             folder=self.out if self.report else None)
 
     def save_running(self) -> None:
         """A whole-run watch's diagnosis so far, saved to `out` while the run goes on (what

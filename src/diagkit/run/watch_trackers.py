@@ -5,6 +5,10 @@ user's loop: a tracker that cannot be opened is one line, and the watch goes on.
 from __future__ import annotations
 
 import logging
+import weakref
+
+# Trackers whose watch has ended (`ended` queued the summary): what `wait` may wait for.
+_ENDED: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def opened(report_to, context, out):
@@ -25,11 +29,10 @@ def opened(report_to, context, out):
         return None
 
 
-def ended(trackers, diagnosis, *, whole_run: bool, folder, wait: bool) -> None:
+def ended(trackers, diagnosis, *, whole_run: bool, folder) -> None:
     """The watch's end: a watch of `steps` steps sends its series now (it was judged once, at
     the end; a whole run sent each window's), then the summary, the table and the artifacts.
-    `wait`: wait (bounded) until sent, where the end is the user's (`stop()`, the exit), not a
-    training step's."""
+    Returns at once: `Watch.stop()` (and the process's exit) waits until they are sent."""
     if trackers is None or diagnosis is None:
         return
     try:
@@ -37,8 +40,6 @@ def ended(trackers, diagnosis, *, whole_run: bool, folder, wait: bool) -> None:
             trackers.judged(sorted(set(int(s) for s in diagnosis.steps["step"])),
                             diagnosis.findings)
         trackers.ended(diagnosis, folder)
-        if wait:
-            trackers.wait()
     except Exception as exc:
         logging.getLogger("diagkit").warning(
             "diagkit: could not send to the trackers: %s: %s", type(exc).__name__, exc)
