@@ -30,8 +30,8 @@ from ..run.watch import Watch, check_watch_options, watch
 
 
 def alert_metrics(findings) -> dict[str, float]:
-    """What a framework's logger gets of new findings: numbers (TensorBoard drops text), one
-    count per severity and per verdict, under `diagkit/`."""
+    """What Lightning's progress bar shows of new findings: one count per severity and per
+    verdict, under `diagkit/` (the loggers get diagkit's own series through `report_to`)."""
     metrics: dict[str, float] = {}
     for f in findings:
         for key in (f"diagkit/{f.severity}s", f"diagkit/{f.code}"):
@@ -69,8 +69,8 @@ class Attachment:
     """The watch of one training run of a framework's trainer: started as training begins,
     stopped as it ends (a second `fit()`/`train()` gets a new one)."""
 
-    def __init__(self, options: dict):
-        self.options = options
+    def __init__(self, options: dict, keep_alerts: bool = True):
+        self.options, self.keep_alerts = options, keep_alerts
         self.watch: Watch | None = None
         self.refusal: str | None = None  # why the last run goes unwatched (None: watched)
         self.alerts: list = []   # new findings of a whole-run watch, for the framework's logger
@@ -119,15 +119,18 @@ class Attachment:
         return sources_for(recorder, unwrapped)
 
     def start(self, model, optimizers, *, main_process: bool, say, first_step: int = 0,
-              sources=None, names=None) -> Watch | None:
+              sources=None, names=None, tracking=None) -> Watch | None:
         """Watch `model` under `optimizers`, or say in one line (`say(line)`: the framework's
         logger) why not and let training go on unwatched (None): training has begun, and a
         long job must never die of its diagnostic tool. Only the main process writes `out`
         (`_watch`). `names`: what a fix calls the model and the optimizers there
-        (`meta["names"]`: `trainer.model`, ...), as the user reaches them after training."""
+        (`meta["names"]`: `trainer.model`, ...), as the user reaches them after training.
+        `tracking`: the framework's trackers (`_tracking.context`), sent to by the main
+        process only."""
         self.refusal = None
         try:
-            return self._watch(model, optimizers, main_process, first_step, sources, names)
+            return self._watch(model, optimizers, main_process, first_step, sources, names,
+                               tracking)
         except Exception as exc:  # a refusal (DiagkitError) or diagkit's own failure
             self.watch, self.refusal = None, (f"diagkit: not watching this run: "
                                               f"{type(exc).__name__}: {brief(exc, 600)}")
@@ -136,7 +139,7 @@ class Attachment:
             return None
 
     def _watch(self, model, optimizers, main_process: bool, first_step: int, sources,
-               names=None) -> Watch:
+               names=None, tracking=None) -> Watch:
         """`start`'s watch. Under a process group watch itself leaves `out` to rank 0 (every
         rank must still watch, to be gathered); without one (several processes that share no
         group) the others get no `out`. `first_step`: the trainer's global step (a resumed run
@@ -153,16 +156,23 @@ class Attachment:
                    if p.kind is p.KEYWORD_ONLY}
         if not main_process and not distributed():
             options["out"] = None
+        if not main_process:  # only the main process sends (under a group, watch checks too)
+            options["report_to"], tracking = None, None
+        if tracking is not None:  # report_to is resolved in it (`_tracking.chosen`)
+            options["report_to"] = None
+            if options["steps"] is not None:  # it counts its steps from 0, not the global step
+                tracking.step_offset += first_step
         users = options["on_finding"]
         options["on_finding"] = lambda finding: self._alert(finding, users)
         self.alerts = []
         self.watch = Watch(model, optimizers, **options, first_step=first_step,
-                           sources=sources or None, names=names)
+                           sources=sources or None, names=names, tracking=tracking)
         return self.watch
 
     def _alert(self, finding, users) -> None:
-        """A new finding: kept for the callback to log at its next event, then the user's."""
-        self.alerts.append(finding)
+        """A new finding: kept for the callback to show at its next event, then the user's."""
+        if self.keep_alerts:
+            self.alerts.append(finding)
         if users is not None:
             users(finding)
 
@@ -177,9 +187,11 @@ class Attachment:
         return self.watch is not None and not self.watch.done and self.watch.should_stop
 
     def stop(self) -> None:
-        """End the watch (judge and save what it saw); nothing if none runs."""
+        """End the watch (judge and save what it saw); nothing if none runs. Then wait
+        (bounded) until its trackers have what it sent: the framework closes its own trackers
+        right after (docs/integrations.md, "Trackers")."""
         self.end_recording()
-        if self.watch is not None and not self.watch.done:
+        if self.watch is not None:  # a watch that ended in a step: stop() still waits
             self.watch.stop()
 
     @property
@@ -192,8 +204,8 @@ class Watching:
     """What every callback exposes: its options checked as it is built, `watch` (the
     `diagkit.Watch` of the last training run) and `diagnosis` (its result)."""
 
-    def _start_watching(self, options: dict) -> None:
-        self._run = Attachment(checked_options(options, "DiagkitCallback"))
+    def _start_watching(self, options: dict, keep_alerts: bool = True) -> None:
+        self._run = Attachment(checked_options(options, "DiagkitCallback"), keep_alerts)
 
     @property
     def watch(self):

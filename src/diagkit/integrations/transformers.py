@@ -13,14 +13,23 @@ runs: accumulation micro-batches and skipped steps are not optimizer steps). A s
 optimizer step, i.e. one `state.global_step`. The Trainer clears gradients with
 `model.zero_grad()`, so a tensor left out of the optimizer is `orphan` alone: its `.grad` is
 cleared too.
+
+Trackers (`report_to`, docs/integrations.md "Trackers"): by default those of `args.report_to`
+that diagkit knows; TensorBoard through the writer HF's `TensorBoardCallback` opened. The Trainer
+logs a step's values at `state.global_step` after it: diagkit's value for the same step lands
+there too. HF calls its tracker callbacks before the user's, and at `on_train_end` they end
+their runs and close their writer: so as training begins this callback moves itself to the
+front of the Trainer's callbacks (back to its place as training ends), and at `on_train_end`
+it ends the watch and waits for its trackers before theirs close.
 """
 
 from __future__ import annotations
 
 import sys
 
-from . import Watching, alert_metrics, require
+from . import Watching, require
 from ._trainer_optimizer import OptimizerOrigin
+from ._tracking import chosen, context, known
 
 require("transformers", __name__, "diagkit[transformers]")
 
@@ -48,7 +57,8 @@ class DiagkitCallback(TrainerCallback, Watching):
     """
 
     def __init__(self, **watch_options):
-        self._start_watching(watch_options)
+        self._start_watching(watch_options, keep_alerts=False)
+        self._trainer, self._place = None, None
 
     def on_init_end(self, args, state, control, **kwargs):
         """The Trainer builds its optimizer inside `train()`, in `create_optimizer`, before
@@ -68,30 +78,75 @@ class DiagkitCallback(TrainerCallback, Watching):
         self._trainer = _calling_trainer()
         origin = getattr(self, "_origin", None) or OptimizerOrigin()
         sources = origin.records(self._run.end_recording([optimizer]), optimizer, model)
-        self._run.start(model, optimizer, main_process=state.is_world_process_zero,
-                        first_step=state.global_step, sources=sources, say=logger.warning,
-                        names=NAMES)
+        main = state.is_world_process_zero
+        self._run.start(model, optimizer, main_process=main, first_step=state.global_step,
+                        sources=sources, say=logger.warning, names=NAMES,
+                        tracking=self._tracking(args) if main else None)
+        self._to_front()
 
     def on_step_end(self, args, state, control, **kwargs):
-        """A whole-run watch's new findings reach `Trainer.log` (TensorBoard, W&B, MLflow:
-        whatever `report_to` names), as counts; `halt_on` stops training cleanly."""
-        alerts = self._run.take_alerts()
-        if alerts and self._trainer is not None and state.is_world_process_zero:
-            try:
-                self._trainer.log(alert_metrics(alerts))
-            except Exception:  # the Trainer's loggers are theirs: never into its loop
-                pass
+        """`halt_on` stops training cleanly."""
         if self._run.should_stop:
             control.should_training_stop = True
 
     def on_train_end(self, args, state, control, **kwargs):
+        """Before HF's tracker callbacks end their runs (this one runs first): the watch's
+        end is judged, saved and sent."""
         self._run.stop()
+        self._back_in_place()
+
+    def _tracking(self, args):
+        """The watch's trackers: `report_to` (None: `args.report_to`, by then a list of
+        names), TensorBoard as the writer HF's `TensorBoardCallback` opened (its
+        `on_train_begin` ran before this one's). None, said, if they cannot be read."""
+        try:
+            return self._trackers(args)
+        except Exception as exc:  # never into the Trainer: the watch goes on without them
+            logger.warning("diagkit: could not read the Trainer's trackers: %s: %s",
+                           type(exc).__name__, exc)
+            return None
+
+    def _trackers(self, args):
+        handler = getattr(self._trainer, "callback_handler", None)
+        board = next((c for c in getattr(handler, "callbacks", ())
+                      if any(k.__name__ == "TensorBoardCallback" for k in type(c).__mro__)),
+                     None)
+        writer = getattr(board, "tb_writer", None)
+        framework = [(w, writer if w == "tensorboard" and writer is not None else w)
+                     for w in known(args.report_to or [])]
+        objects = {"trainer": self._trainer}
+        if getattr(board, "logging_dir", None):
+            objects["tensorboard_dir"] = board.logging_dir
+        return context(chosen(self._run.options.get("report_to"), framework),
+                       framework="transformers", after=1, out=self._run.options.get("out"),
+                       say=logger.warning, **objects)
+
+    def _to_front(self) -> None:
+        """First among the Trainer's callbacks, so that this one's `on_train_end` comes before
+        the trackers' (they close their runs there). The handler is iterating its list now:
+        a new list takes its place, the loop goes on over the old one."""
+        handler = getattr(self._trainer, "callback_handler", None)
+        if handler is None or self not in handler.callbacks or handler.callbacks[0] is self:
+            return
+        self._place = handler.callbacks.index(self)
+        handler.callbacks = [self] + [c for c in handler.callbacks if c is not self]
+
+    def _back_in_place(self) -> None:
+        """Where the user put this callback: a next `train()` begins after HF's trackers
+        again (the TensorBoard writer is opened anew there)."""
+        handler, place, self._place = getattr(self._trainer, "callback_handler", None), \
+            self._place, None
+        if handler is None or place is None or self not in handler.callbacks:
+            return
+        others = [c for c in handler.callbacks if c is not self]
+        handler.callbacks = others[:place] + [self] + others[place:]
 
 
 def _calling_trainer():
     """The `Trainer` whose event this is. HF hands callbacks no trainer, only its parts, and
-    `Trainer.log` is the one door to every logger `report_to` names: the trainer is the
-    `self` of a frame above (its training loop calling the event). None if not found."""
+    its callback handler (the order of the events) and its trackers are the trainer's: the
+    trainer is the `self` of a frame above (its training loop calling the event). None if not
+    found."""
     from transformers import Trainer
     frame = sys._getframe(1)
     while frame is not None:

@@ -5,10 +5,6 @@ user's loop: a tracker that cannot be opened is one line, and the watch goes on.
 from __future__ import annotations
 
 import logging
-import weakref
-
-# Trackers whose watch has ended (`ended` queued the summary): what `wait` may wait for.
-_ENDED: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def opened(report_to, context, out):
