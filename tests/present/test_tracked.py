@@ -67,7 +67,7 @@ def test_the_markdown_is_one_table_whose_cells_keep_their_lines_and_pipes():
 def test_an_alert_is_the_verdict_as_title_and_the_logs_line_as_text():
     orphan = orphan_diagnosis().findings[0]
     title, text, level = tracked.alert(orphan, 3)
-    assert (title, level) == ("diagkit: orphan", "error")
+    assert (title, level) == ("diagkit: orphan in fc2", "error")
     assert text == finding_line(orphan, 3)
     assert text.startswith("diagkit: error: orphan in fc2 (2 tensors) from step 3; fix: ")
     assert tracked.alert(finding(severity="warning"), None)[2] == "warning"

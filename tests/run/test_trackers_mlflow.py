@@ -80,7 +80,7 @@ def test_a_watch_sends_to_the_active_run_even_once_the_framework_ended_it(store,
     assert row[2] == "error" and ORPHAN_FIX in row[-1]
     alerts = Path(store.download_artifacts(rid, to_mlflow.ALERTS_FILE, str(tmp_path))).read_text()
     assert alerts.splitlines()[0].startswith(
-        "error: diagkit: orphan: diagkit: error: orphan in fc2 (2 tensors) from step 1; fix:")
+        "error: diagkit: orphan in fc2: diagkit: error: orphan in fc2 (2 tensors) from step 1; fix:")
     assert len(alerts.splitlines()) == 2
 
     # the saved diagnosis, under diagkit/: downloaded, it loads as it was saved

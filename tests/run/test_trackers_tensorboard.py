@@ -62,8 +62,8 @@ def test_a_watch_writes_the_series_status_and_table_beside_out(tmp_path):
     row = next(line for line in table.splitlines() if line.startswith(f"| {ORPHAN} | orphan"))
     assert "| error |" in row and ORPHAN_FIX in row
     alerts = [text for _, text in texts(events, "diagkit/alerts")]
-    assert [a.split(")")[0] for a in alerts] == ["**diagkit: orphan** (error",
-                                                "**diagkit: grad_not_cleared** (warning"]
+    assert [a.split(")")[0] for a in alerts] == ["**diagkit: orphan in fc2** (error",
+                                                "**diagkit: grad_not_cleared in fc2** (warning"]
     assert "diagkit: error: orphan in fc2 (2 tensors) from step 1; fix:" in alerts[0]
     assert texts(events, "diagkit/artifacts") == [(3, f"saved diagnosis: {tmp_path / 'diag'}")]
 

@@ -65,7 +65,7 @@ def test_a_watch_sends_series_summary_table_alert_and_diagnosis_to_the_open_run(
         ["fc2.weight", "grad_not_cleared", "warning", "fc2", 60, 0],
         ["fc2.bias", "grad_not_cleared", "warning", "fc2", 12, 0]]
     assert "extend(model.fc2.parameters())" in rows[0]["fix"]
-    assert got["alerts"] == [{"title": "diagkit: orphan", "text": ORPHAN_LINE, "level": "error",
+    assert got["alerts"] == [{"title": "diagkit: orphan in fc2", "text": ORPHAN_LINE, "level": "error",
                               "step": 3}]
     (artifact,) = got["artifacts"]
     assert (artifact["name"], artifact["type"], artifact["version"]) == (
@@ -108,7 +108,7 @@ def test_a_whole_run_watch_reports_to_the_open_run(stored):
     # the log has the findings' lines; none says a tracker could not be opened or sent to
     assert not [line for line in got["lines"] if "report_to" in line or "could not" in line]
     assert sorted((a["title"], a["level"]) for a in got["alerts"]) == [
-        ("diagkit: grad_not_cleared", "warn"), ("diagkit: orphan", "error")]  # once each
+        ("diagkit: grad_not_cleared in fc2", "warn"), ("diagkit: orphan in fc2", "error")]  # once each
     assert [r["diagkit/status"] for r in got["logs"] if "diagkit/status" in r] == ["error"]
     assert any("diagkit/findings" in r for r in got["logs"])
     steps = [r["step"] for r in got["logs"] if "diagkit/errors" in r and "diagkit/status" not in r]

@@ -157,7 +157,7 @@ def test_a_watch_sends_status_table_alert_and_diagnosis_to_the_open_run(tmp_path
     summary = got["summary"]
     assert (summary["diagkit/errors"], summary["diagkit/warnings"],
             summary["diagkit/status"]) == (1, 1, "error")
-    assert got["alert"] == [("diagkit: orphan",
+    assert got["alert"] == [("diagkit: orphan in fc2",
                              "diagkit: error: orphan in fc2 (2 tensors) from step 3; fix: "
                              'optimizer.param_groups[0]["params"].extend(model.fc2.parameters())',
                              "ERROR")]
@@ -245,7 +245,7 @@ def test_a_whole_run_watch_reports_to_the_open_run(tmp_path):
     run.finish()
     got = read_back(run)
     assert sorted((title, level) for title, _, level in got["alert"]) == [
-        ("diagkit: grad_not_cleared", "WARN"), ("diagkit: orphan", "ERROR")]  # once each
+        ("diagkit: grad_not_cleared in fc2", "WARN"), ("diagkit: orphan in fc2", "ERROR")]  # once each
     steps = [step for step, _, _ in diagkit_rows(got["history"])]
     assert steps and steps == sorted(steps)
     assert got["summary"]["diagkit/status"] == "error"

@@ -61,10 +61,12 @@ def findings_markdown(rows: list[list]) -> str:
 
 
 def alert(finding, step: int | None) -> tuple[str, str, str]:
-    """(title, text, level) of a tracker alert for a new finding: the title names the verdict,
-    the text is the log's one line (README, "Reading a finding")."""
+    """(title, text, level) of a tracker alert for a new finding: the title names the verdict
+    and the module (W&B holds back a title it sent in the last minute), the text is the log's
+    one line (README, "Reading a finding")."""
     level = "error" if finding.severity == "error" else "warning"
-    return f"diagkit: {finding.code}", finding_line(finding, step), level
+    where = f" in {finding.module}" if finding.module else ""
+    return f"diagkit: {finding.code}{where}", finding_line(finding, step), level
 
 
 def _first_step(diagnosis) -> int | None:

@@ -22,8 +22,9 @@ class Sink:
     def table(self, rows: list[list]) -> None:
         """The findings table (`present.tracked.TABLE_COLUMNS`)."""
 
-    def alert(self, title: str, text: str, level: str) -> None:
-        """A new finding ("error" or "warning"), where the tracker has alerts."""
+    def alert(self, title: str, text: str, level: str, step: int | None = None) -> None:
+        """A new finding ("error" or "warning") at the tracker's step `step` (None: not
+        known), where the tracker has alerts."""
 
     def artifacts(self, folder: Path) -> None:
         """The saved diagnosis (and its `report/`, with report=True)."""

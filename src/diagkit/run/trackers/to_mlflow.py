@@ -104,7 +104,7 @@ class MlflowSink(Sink):
         frame = pd.DataFrame(rows, columns=list(tracked.TABLE_COLUMNS), dtype=object)
         self.client.log_table(self.run_id, frame, TABLE_FILE)
 
-    def alert(self, title: str, text: str, level: str) -> None:
+    def alert(self, title: str, text: str, level: str, step: int | None = None) -> None:
         """All alerts so far, one a line, rewritten as one artifact."""
         self.alerts.append(f"{level}: {title}: {text}")
         self.client.log_text(self.run_id, "\n".join(self.alerts) + "\n", ALERTS_FILE)

@@ -88,8 +88,9 @@ class TensorBoardSink(Sink):
     def table(self, rows: list[list]) -> None:
         self.writer.add_text(tracked.TABLE_KEY, tracked.findings_markdown(rows), self.last_step)
 
-    def alert(self, title: str, text: str, level: str) -> None:
-        self.writer.add_text("diagkit/alerts", f"**{title}** ({level}): {text}", self.last_step)
+    def alert(self, title: str, text: str, level: str, step: int | None = None) -> None:
+        self.writer.add_text("diagkit/alerts", f"**{title}** ({level}): {text}",
+                             self.last_step if step is None else step)
 
     def artifacts(self, folder: Path) -> None:
         self.writer.add_text("diagkit/artifacts", f"saved diagnosis: {folder}", self.last_step)

@@ -66,13 +66,13 @@ class TrackioSink(Sink):
         self.run.log({tracked.TABLE_KEY: trackio.Table(columns=list(tracked.TABLE_COLUMNS),
                                                        data=rows)}, step=self.last_step)
 
-    def alert(self, title: str, text: str, level: str) -> None:
+    def alert(self, title: str, text: str, level: str, step: int | None = None) -> None:
         """`trackio.alert` on the run: printed, stored with the run, sent to its webhook."""
         import trackio
         self._check()
         levels = trackio.AlertLevel
         self.run.alert(title=title, text=text,
-                       level=levels.ERROR if level == "error" else levels.WARN)
+                       level=levels.ERROR if level == "error" else levels.WARN, step=step)
 
     def artifacts(self, folder: Path) -> None:
         """The saved diagnosis folder as a version of artifact `diagkit-diagnosis`, type

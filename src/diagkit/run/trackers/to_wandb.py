@@ -67,10 +67,10 @@ class WandbSink(Sink):
         self.run.log({tracked.TABLE_KEY: wandb.Table(columns=list(tracked.TABLE_COLUMNS),
                                                      data=rows)})
 
-    def alert(self, title: str, text: str, level: str) -> None:
+    def alert(self, title: str, text: str, level: str, step: int | None = None) -> None:
         """`run.alert` (W&B's email/Slack alert; offline it waits in the run file for `wandb
         sync`). W&B throttles alerts of one title to one a minute: diagkit's title names the
-        verdict, so a second finding of the same verdict within a minute is not mailed."""
+        verdict and the module, so only the same finding again within a minute is held."""
         import wandb
         levels = wandb.AlertLevel
         self.run.alert(title=title[:63], text=text,

@@ -19,6 +19,10 @@ class Trackers:
     """The trackers of one watch (rank 0 only). Never raises into the loop."""
 
     def __init__(self, sinks: list, context):
+        # Exit hooks run last-registered first: registered again here, diagkit's wait comes
+        # before the finish hooks of the trackers' runs opened until now (W&B's, Trackio's).
+        atexit.unregister(_wait_all)
+        atexit.register(_wait_all)
         self.context = context
         self.sender = Sender(sinks, context.say)
         self.offset = context.step_offset
@@ -39,7 +43,7 @@ class Trackers:
     def announced(self, finding, step: int | None) -> None:
         """A new warning or error of a whole-run watch: the tracker's alert, once."""
         shown = None if step is None else step + self.offset
-        self.sender.send("alert", *tracked.alert(finding, shown))
+        self.sender.send("alert", *tracked.alert(finding, shown), shown)
 
     def ended(self, diagnosis, folder=None) -> None:
         """The end: the summary, the findings table and (with `folder`: report=True) the saved
@@ -66,7 +70,6 @@ class Trackers:
 _PENDING: "weakref.WeakSet[Trackers]" = weakref.WeakSet()
 
 
-@atexit.register
 def _wait_all() -> None:
     """At the interpreter's exit, before the trackers' own exit hooks (registered when their
     runs were opened, earlier) close their runs: what diagkit queued is sent."""
