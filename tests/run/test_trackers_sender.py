@@ -30,7 +30,7 @@ class Recording(Sink):
     def summary(self, values):
         self._record("summary", values)
 
-    def alert(self, title, text, level):
+    def alert(self, title, text, level, step=None):
         self._record("alert", title, text, level)
 
     def flush(self):
@@ -121,3 +121,17 @@ def test_a_sink_without_a_method_is_dropped_like_one_that_raises():
     sender.send("summary", {"diagkit/status": "ok"})
     assert sender.close(5)
     assert lines[0].startswith("diagkit: could not send to partial: AttributeError:")
+
+
+def test_a_wait_with_no_end_queued_closes_the_sinks_at_once():
+    """A watch that failed before its end never queued it: the user's `stop()` still waits
+    only as long as the sending takes (it closed the sinks), not the 30 s bound."""
+    from diagkit.run.trackers.context import Context
+    from diagkit.run.trackers.watching import Trackers
+    sink = Recording()
+    trackers = Trackers([sink], Context(say=lambda line: None))
+    trackers.judged([0], [])
+    start = time.monotonic()
+    assert trackers.wait(5)
+    assert time.monotonic() - start < 2
+    assert [c[0] for c in sink.calls] == ["scalars", "flush", "close"]

@@ -58,12 +58,13 @@ def test_a_watch_sends_series_summary_table_alert_and_diagnosis_to_the_open_run(
     (table,) = [r for r in got["logs"] if "diagkit/findings" in r]
     assert table["step"] == 3 and table["diagkit/findings"]["_type"] == "trackio.table"
     rows = table["diagkit/findings"]["_value"]
+    # from_step on the tracker's axis (offset 1), as the series
     assert [[r[c] for c in ("name", "verdict", "severity", "module", "bytes", "from_step")]
             for r in rows] == [
-        ["fc2.weight", "orphan", "error", "fc2", 60, 0],
-        ["fc2.bias", "orphan", "error", "fc2", 12, 0],
-        ["fc2.weight", "grad_not_cleared", "warning", "fc2", 60, 0],
-        ["fc2.bias", "grad_not_cleared", "warning", "fc2", 12, 0]]
+        ["fc2.weight", "orphan", "error", "fc2", 60, 1],
+        ["fc2.bias", "orphan", "error", "fc2", 12, 1],
+        ["fc2.weight", "grad_not_cleared", "warning", "fc2", 60, 1],
+        ["fc2.bias", "grad_not_cleared", "warning", "fc2", 12, 1]]
     assert "extend(model.fc2.parameters())" in rows[0]["fix"]
     assert got["alerts"] == [{"title": "diagkit: orphan in fc2", "text": ORPHAN_LINE, "level": "error",
                               "step": 3}]

@@ -166,10 +166,10 @@ def test_a_watch_sends_status_table_alert_and_diagnosis_to_the_open_run(tmp_path
     assert table["columns"] == ["name", "verdict", "severity", "module", "bytes", "from_step",
                                 "fix"]
     assert [r[:6] for r in table["data"]] == [
-        ["fc2.weight", "orphan", "error", "fc2", 60, 0],
-        ["fc2.bias", "orphan", "error", "fc2", 12, 0],
-        ["fc2.weight", "grad_not_cleared", "warning", "fc2", 60, 0],
-        ["fc2.bias", "grad_not_cleared", "warning", "fc2", 12, 0]]
+        ["fc2.weight", "orphan", "error", "fc2", 60, 1],
+        ["fc2.bias", "orphan", "error", "fc2", 12, 1],
+        ["fc2.weight", "grad_not_cleared", "warning", "fc2", 60, 1],
+        ["fc2.bias", "grad_not_cleared", "warning", "fc2", 12, 1]]
     assert "extend(model.fc2.parameters())" in table["data"][0][6]
     (saved,) = [a for a in got["artifact"] if a[1] == "diagkit"]
     assert saved[0] == "diagkit-diagnosis"

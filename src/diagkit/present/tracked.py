@@ -34,16 +34,18 @@ def status(findings) -> dict:
     return {**{k: int(v) for k, v in counts(findings).items()}, STATUS: word}
 
 
-def findings_rows(diagnosis) -> list[list]:
+def findings_rows(diagnosis, offset: int = 0) -> list[list]:
     """The findings table's rows (`TABLE_COLUMNS`): every tensor a warning or an error names,
     once per verdict, worst first. A finding without tensors (a run-level one) is one row named
-    after its module, or '(run)'."""
+    after its module, or '(run)'. `offset`: the tracker's step of diagkit's step 0 (its
+    `from_step` is on the tracker's axis, as the series are)."""
     sizes = dict(zip(diagnosis.params["name"], diagnosis.params["bytes"]))
     rows = []
     for f in sorted(diagnosis.findings, key=lambda f: -severity.rank(f.severity)):
         if f.severity not in ("error", "warning"):
             continue
         start = f.since if f.since is not None else _first_step(diagnosis)
+        start = None if start is None else start + offset
         for name in f.params or (f.module or "(run)",):
             rows.append([name, f.code, f.severity, f.module, int(sizes.get(name, 0) or 0),
                          start, f.fix])

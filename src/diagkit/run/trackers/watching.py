@@ -26,6 +26,7 @@ class Trackers:
         self.context = context
         self.sender = Sender(sinks, context.say)
         self.offset = context.step_offset
+        self.ending = False  # `ended` queued the end
 
     @classmethod
     def open(cls, report_to, context) -> "Trackers | None":
@@ -50,14 +51,19 @@ class Trackers:
         diagnosis as artifacts, then each sink closes. Returns at once: `wait` (a `stop()`,
         a framework's end of training, the process's exit) waits until it is sent."""
         self.sender.send("summary", tracked.status(diagnosis.findings))
-        self.sender.send("table", tracked.findings_rows(diagnosis))
+        self.sender.send("table", tracked.findings_rows(diagnosis, self.offset))
         if folder is not None:
             self.sender.send("artifacts", folder)
         self.sender.end()
+        self.ending = True
         _PENDING.add(self)
 
     def wait(self, timeout: float = WAIT_SECONDS) -> bool:
-        """Wait until everything is sent (bounded): False if `timeout` passed first, said."""
+        """Wait until everything is sent (bounded): False if `timeout` passed first, said. A
+        watch that failed before its end (`ended` never came) closes its sinks now."""
+        if not self.ending:
+            self.sender.end()
+            self.ending = True
         sent = self.sender.wait(timeout)
         if not sent:
             self.context.say(f"diagkit: the trackers took over {timeout:.0f} s; what was not "
