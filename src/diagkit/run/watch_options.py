@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..core import extras
 from ..core.errors import DiagkitError
 from ..core.files import check_output_dir
 from ..core.options import DEFAULTS, check_option, check_run_options, positive_seconds
@@ -33,6 +34,8 @@ def check_watch_options(*, steps, every, delta, sample, out, report, timeout, on
     if report and out is None:
         raise DiagkitError("report=True needs out=DIR: the report is rendered from the "
                            "diagnosis saved there")
+    if report:  # the report runs a notebook: said now, not after training (README, "Install")
+        extras.need(extras.REPORT, "report=True")
     if out is not None:
         check_output_dir(Path(out), marker="run.json")
 
