@@ -15,6 +15,12 @@ class Sink:
     def scalars(self, values: dict[str, float], step: int) -> None:
         """Numbers at the tracker's step `step` (the series `diagkit/errors`, ...)."""
 
+    def series(self, points: list[tuple[int, dict[str, float]]]) -> None:
+        """Several steps' numbers at once (a window judged): `scalars` for each, unless the
+        tracker takes them in one call (MLflow's `log_batch`)."""
+        for step, values in points:
+            self.scalars(values, step)
+
     def summary(self, values: dict) -> None:
         """The final status: `diagkit/errors`, `diagkit/warnings` (ints), `diagkit/status` (a
         word), in the tracker's summary idiom (`present.tracked.status`)."""

@@ -112,9 +112,18 @@ class MlflowSink(Sink):
     def artifacts(self, folder: Path) -> None:
         self.client.log_artifacts(self.run_id, str(folder), ARTIFACT_DIR)
 
+    def series(self, points: list[tuple[int, dict[str, float]]]) -> None:
+        """A window's points in one `log_batch` (one write, not one a step)."""
+        self._metrics_at(points)
+        self.last_step = max([self.last_step] + [step for step, _ in points])
+
     def _metrics(self, values: dict, step: int) -> None:
+        self._metrics_at([(step, values)])
+
+    def _metrics_at(self, points) -> None:
         from mlflow.entities import Metric
         now = int(time.time() * 1000)
-        metrics = [Metric(key, float(value), now, int(step)) for key, value in values.items()]
+        metrics = [Metric(key, float(value), now, int(step))
+                   for step, values in points for key, value in values.items()]
         if metrics:
             self.client.log_batch(self.run_id, metrics=metrics, synchronous=True)

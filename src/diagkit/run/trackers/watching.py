@@ -38,8 +38,7 @@ class Trackers:
         """Findings judged over the observed `steps` (diagkit's numbering): the series
         `diagkit/errors` and `diagkit/warnings` get one point per observed step."""
         values = tracked.counts(findings)
-        for step in steps:
-            self.sender.send("scalars", dict(values), int(step) + self.offset)
+        self.sender.send("series", [(int(step) + self.offset, dict(values)) for step in steps])
 
     def announced(self, finding, step: int | None) -> None:
         """A new warning or error of a whole-run watch: the tracker's alert, once."""
