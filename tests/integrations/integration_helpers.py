@@ -22,6 +22,21 @@ def tiny_llama_config(**overrides):
     return LlamaConfig(**values)
 
 
+def head_left_out_trainer():
+    """The seed demo's orphan under the HF Trainer: a `Trainer` whose optimizer is built from a
+    name filter that misses the classifier head `score` (AdamW over `model.*` only)."""
+    from transformers import Trainer
+
+    class HeadLeftOut(Trainer):
+        def create_optimizer(self):
+            if self.optimizer is None:
+                self.optimizer = torch.optim.AdamW(
+                    [p for n, p in self.model.named_parameters() if n.startswith("model.")],
+                    lr=1e-3, weight_decay=0.0)
+            return self.optimizer
+    return HeadLeftOut
+
+
 def tiny_classifier():
     from transformers import LlamaForSequenceClassification
     torch.manual_seed(0)

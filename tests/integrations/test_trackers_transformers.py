@@ -13,7 +13,7 @@ import logging
 import pytest
 import torch
 
-from integration_helpers import Sequences, tiny_classifier, training_args
+from integration_helpers import Sequences, head_left_out_trainer, tiny_classifier, training_args
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tensorboard")
@@ -27,15 +27,7 @@ from diagkit.integrations.transformers import DiagkitCallback  # noqa: E402
 FIX = "p.requires_grad_(False)"  # the orphan's fix: freeze what no optimizer steps
 
 
-class HeadLeftOut(transformers.Trainer):
-    """The seed demo's orphan: the classifier head `score` is left out of the optimizer."""
-
-    def create_optimizer(self):
-        if self.optimizer is None:
-            self.optimizer = torch.optim.AdamW(
-                [p for n, p in self.model.named_parameters() if n.startswith("model.")],
-                lr=1e-3, weight_decay=0.0)
-        return self.optimizer
+HeadLeftOut = head_left_out_trainer()  # the head `score` left out of the optimizer
 
 
 @pytest.fixture
