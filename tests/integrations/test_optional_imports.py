@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-FRAMEWORKS = ("transformers", "lightning", "pytorch_lightning", "accelerate", "peft")
+FRAMEWORKS = ("transformers", "lightning", "pytorch_lightning", "accelerate", "peft",
+              "wandb", "tensorboard", "mlflow", "trackio")  # the trackers: report_to's extras
 
 
 def loaded_after(statement: str) -> list[str]:
@@ -46,3 +47,15 @@ def test_the_70b_demo_without_peft_names_the_extra_to_install():
     assert done.returncode == 2, done.stderr[-2000:]
     (line,) = done.stderr.strip().splitlines()
     assert "needs transformers and peft" in line and "pip install 'diagkit[demos]'" in line
+
+
+def test_a_watch_without_report_to_loads_no_tracker_code():
+    """The trackers are imported only when `report_to` names them: a watch that runs and ends
+    without it loads neither a tracker package nor diagkit's code that sends to them."""
+    watched = ("import torch, diagkit; m = torch.nn.Linear(2, 1); "
+               "o = torch.optim.SGD(m.parameters(), lr=0.1); "
+               "w = diagkit.watch(m, o, steps=2, live=False); "
+               "[(o.zero_grad(), m(torch.ones(1, 2)).sum().backward(), o.step()) "
+               "for _ in range(3)]; w.stop(); "
+               "assert 'diagkit.run.trackers.watching' not in sys.modules")
+    assert loaded_after(watched) == []
