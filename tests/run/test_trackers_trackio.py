@@ -18,14 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from tracker_readers import TRACKIO_REMOTE as REMOTE
+
 if importlib.util.find_spec("trackio") is None:
     pytest.skip("trackio is not installed", allow_module_level=True)
 
 HERE = Path(__file__).resolve()
 PROJECT = "diagkit-tests"
-# What the trackio side's process does not inherit: anything that points trackio elsewhere.
-REMOTE = ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "TRACKIO_WRITE_TOKEN", "TRACKIO_BUCKET_ID",
-          "TRACKIO_DATASET_ID", "TRACKIO_WEBHOOK_URL", "SPACE_ID", "SYSTEM")
 ORPHAN_LINE = ("diagkit: error: orphan in fc2 (2 tensors) from step 3; fix: "
                'optimizer.param_groups[0]["params"].extend(model.fc2.parameters())')
 
@@ -181,14 +180,8 @@ def _open(trackio, name):
 
 def _read(run, name=None) -> dict:
     """The run's rows (timestamps left out), alerts and artifacts, from trackio's storage."""
-    from trackio import SQLiteStorage
-    name = name or run.name
-    logs = [{k: v for k, v in row.items() if k != "timestamp"}
-            for row in SQLiteStorage.get_logs(PROJECT, name)]
-    alerts = [{k: a[k] for k in ("title", "text", "level", "step")}
-              for a in SQLiteStorage.get_alerts(PROJECT, run_name=name)]
-    artifacts = SQLiteStorage.get_run_artifacts(PROJECT, name, run.id)["output"]
-    return {"logs": logs, "alerts": alerts, "artifacts": artifacts}
+    from tracker_readers import trackio_read
+    return trackio_read(PROJECT, name or run.name, run.id)
 
 
 def _watched(folder: Path, trackio) -> dict:

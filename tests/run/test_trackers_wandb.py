@@ -2,9 +2,8 @@
 the user opened, read back from the offline run's own files (docs/integrations.md, "Trackers").
 
 W&B runs offline here: nothing reaches the network. Offline, every record of the run is in its
-transaction log (`run-<id>.wandb`, what `wandb sync` uploads); wandb 0.31 ships no Python reader
-for it, so `records` reads its block format (LevelDB's log: a 7-byte file header, 32 KiB blocks,
-each record a 7-byte header and a `wandb_internal_pb2.Record`). W&B's service process is ended
+transaction log (`run-<id>.wandb`, what `wandb sync` uploads), which tests/tracker_readers.py
+reads back. W&B's service process is ended
 at the module's end (`wandb.teardown`): the suite fails on a process left behind.
 """
 
@@ -12,29 +11,20 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
 
 wandb = pytest.importorskip("wandb")
-from wandb.proto import wandb_internal_pb2  # noqa: E402
 
 import diagkit  # noqa: E402
 from diagkit.run.trackers import choose, to_wandb  # noqa: E402
 from diagkit.run.trackers.context import Context  # noqa: E402
 from diagkit.run.trackers.watching import Trackers  # noqa: E402
 from models import MLP, fixed_batch, mse_loss  # noqa: E402
-
-OFFLINE = {  # W&B local-only: no network, no telemetry, no code or git capture, quiet
-    "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off",
-    "WANDB_DISABLE_CODE": "true", "WANDB_DISABLE_GIT": "true", "WANDB_ERROR_REPORTING": "false",
-    "WANDB_X_DISABLE_STATS": "true", "WANDB_X_DISABLE_MACHINE_INFO": "true",
-}
+from tracker_readers import diagkit_rows, read_back, wandb_offline  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,12 +33,7 @@ def offline(tmp_path_factory):
     W&B's service ended at the end."""
     home = tmp_path_factory.mktemp("wandb")
     with pytest.MonkeyPatch.context() as mp:
-        for key, value in OFFLINE.items():
-            mp.setenv(key, value)
-        for key in ("WANDB_DIR", "WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR",
-                    "WANDB_ARTIFACT_DIR"):
-            mp.setenv(key, str(home / key.lower()))
-        mp.delenv("WANDB_API_KEY", raising=False)
+        wandb_offline(mp, home)
         yield home
         if wandb.run is not None:
             wandb.run.finish()
@@ -69,69 +54,6 @@ def orphan():
     model = MLP()
     opt = torch.optim.SGD(model.fc1.parameters(), lr=0.1)
     return diagkit.diagnose(model, opt, batch_fn=fixed_batch, loss_fn=mse_loss, steps=3)
-
-
-def records(run_file: Path) -> list:
-    """The records of an offline run's transaction log, in order."""
-    data = run_file.read_bytes()
-    assert data[:4] == b":W&B"
-    out, pending, pos, block = [], b"", 7, 32768
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # a block's tail too short for a header is padding
-            pos += block - pos % block
-            continue
-        _, size, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        pending += data[pos + 7:pos + 7 + size]
-        pos += 7 + size
-        if kind in (1, 4):  # a FULL record, or the LAST piece of one
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            out.append(record)
-            pending = b""
-    return out
-
-
-def finished_records(run_file: Path, timeout: float = 30.0) -> list:
-    """The records once the run's `exit` record is written: W&B's service writes the file on
-    its own, and may still be at it when `finish()` returns."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = records(run_file)
-        if any(r.WhichOneof("record_type") == "exit" for r in found):
-            return found
-        assert time.monotonic() < deadline, f"no exit record in {run_file}"
-        time.sleep(0.05)
-
-
-def read_back(run) -> dict:
-    """What the finished offline run holds: history rows, the final summary, metric
-    definitions, alerts, artifacts (as dicts), and the files folder."""
-    found = {"history": [], "summary": {}, "metric": [], "alert": [], "artifact": []}
-    for record in finished_records(Path(run.settings.sync_file)):
-        kind = record.WhichOneof("record_type")
-        if kind == "history":
-            found["history"].append({"/".join(i.nested_key) or i.key: json.loads(i.value_json)
-                                     for i in record.history.item})
-        elif kind == "summary":
-            for item in record.summary.update:
-                key = "/".join(item.nested_key) or item.key
-                found["summary"][key] = json.loads(item.value_json)
-        elif kind == "metric":
-            found["metric"].append((record.metric.name or record.metric.glob_name,
-                                    record.metric.step_metric))
-        elif kind == "alert":
-            found["alert"].append((record.alert.title, record.alert.text, record.alert.level))
-        elif kind == "artifact":
-            found["artifact"].append((record.artifact.name, record.artifact.type,
-                                      sorted(c.path for c in record.artifact.manifest.contents)))
-    found["files"] = Path(run.settings.files_dir)
-    return found
-
-
-def diagkit_rows(history: list[dict]) -> list[tuple]:
-    """The series' points (W&B's step_sync also puts `diagkit/step` in the table's row)."""
-    return [(h["diagkit/step"], h["diagkit/errors"], h["diagkit/warnings"])
-            for h in history if "diagkit/errors" in h]
 
 
 def test_a_watch_sends_status_table_alert_and_diagnosis_to_the_open_run(tmp_path, orphan):
