@@ -71,14 +71,16 @@ def test_a_watch_sends_series_summary_table_alert_and_diagnosis_to_the_open_run(
     assert (artifact["name"], artifact["type"], artifact["version"]) == (
         "diagkit-diagnosis", "diagkit", 0)
     assert {"run.json", "findings.json", "params.parquet", "steps.parquet"} <= set(got["files"])
-    assert got["user_row"] == {"step": 1, "train/loss": 0.5}  # the user's own metric untouched
+    assert got["user_row"] == [{"step": s, "train/loss": 0.5} for s in (1, 2, 3)]  # untouched
 
 
 def test_a_run_object_in_report_to_is_the_one_sent_to(stored):
     got = stored["given"]
     assert got["lines"] == [] and got["owned"]
-    assert [(r["step"], r["diagkit/errors"]) for r in got["logs"]
-            if "diagkit/errors" in r and "diagkit/status" not in r] == [(7, 1.0)]
+    # a run with no row of its own yet: the point carries its training step (7) but is logged
+    # at Trackio's step 0, so the run's own counter is not moved on past rows it never logged
+    assert [(r["step"], r["diagkit/step"], r["diagkit/errors"]) for r in got["logs"]
+            if "diagkit/errors" in r and "diagkit/status" not in r] == [(0, 7, 1.0)]
 
 
 def test_no_open_run_is_one_line_and_no_trackers(stored):
@@ -190,7 +192,8 @@ def _watched(folder: Path, trackio) -> dict:
     from trackio import SQLiteStorage
     diagnosis = _diagnosis()
     run = _open(trackio, "watched")
-    trackio.log({"train/loss": 0.5}, step=1)  # the user's own metric
+    for step in (1, 2, 3):  # the user's own metric, logged at its steps as the loop ran
+        trackio.log({"train/loss": 0.5}, step=step)
     assert to_trackio.active() and "trackio" in choose.words("all")
     lines: list[str] = []
     trackers = Trackers.open("trackio", _context(lines, step_offset=1))

@@ -2,7 +2,14 @@
 (docs/integrations.md, "Trackers"). diagkit never calls `trackio.init`: it sends to the run the
 user (or HF's `TrackioCallback`) opened, or to the `trackio.Run` given in `report_to`. Locally it
 all lands in the project's SQLite file under `TRACKIO_DIR`; a run logging to a Space sends it
-there, as trackio does with the run's own metrics."""
+there, as trackio does with the run's own metrics.
+
+Steps: a row logged with `step=s` moves the run's counter (the step of the next row logged
+without one) on to `s + 1`. A caller that logs without steps (HF's `TrackioCallback`) would see
+its later rows skip steps. So a point is logged at its training step, but never past the last
+step the run has used: a run whose rows carry their steps gets diagkit's beside them; one
+numbered by the counter gets them at its latest row, and its own numbering is left as it was.
+Each row also carries `diagkit/step`, the training step itself."""
 
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ from pathlib import Path
 from ...present import tracked
 from .sink import Sink
 
+STEP = "diagkit/step"  # the training step of a row (its Trackio step may be an earlier one)
 ARTIFACT = "diagkit-diagnosis"  # one artifact name per project: each run logs a version of it
 
 
@@ -49,10 +57,12 @@ class TrackioSink(Sink):
         self.last_step: int | None = None
 
     def scalars(self, values: dict[str, float], step: int) -> None:
-        """The counts at `step` (Trackio's step is the framework's, given as is)."""
+        """The counts, with `diagkit/step` the training step, at that step or the run's last
+        one used, whichever comes first (the module's docstring)."""
         self._check()
-        self.run.log(dict(values), step=step)
-        self.last_step = step if self.last_step is None else max(self.last_step, step)
+        at = self._within(step)
+        self.run.log({**values, STEP: step}, step=at)
+        self.last_step = at if self.last_step is None else max(self.last_step, at)
 
     def summary(self, values: dict) -> None:
         """`diagkit/errors`, `diagkit/warnings` and `diagkit/status` (the word) in one row."""
@@ -79,6 +89,14 @@ class TrackioSink(Sink):
         `diagkit`."""
         self._check()
         self.run.log_artifact(Path(folder), name=ARTIFACT, type="diagkit")
+
+    def _within(self, step: int) -> int:
+        """`step`, or the last step the run used if that comes first. Trackio has no public
+        counter: `_next_step` is what its `log` keeps; without it, `step` as it is."""
+        following = getattr(self.run, "_next_step", None)
+        if not isinstance(following, int):
+            return step
+        return max(0, min(step, following - 1))
 
     def _check(self) -> None:
         """A finished run still takes writes in trackio (silently): say it instead, once (the

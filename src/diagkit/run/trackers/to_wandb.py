@@ -52,6 +52,11 @@ class WandbSink(Sink):
         # metric of its own (W&B docs, "Customize log axes").
         run.define_metric(STEP)
         run.define_metric("diagkit/*", step_metric=STEP)
+        # By name too: W&B takes the first pattern that matches, and HF's WandbCallback and
+        # Lightning's WandbLogger declared "*" against their own step before diagkit's "diagkit/*"
+        # (a name beats any pattern)
+        for key in (tracked.ERRORS, tracked.WARNINGS):
+            run.define_metric(key, step_metric=STEP)
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         """One history row: the counts at `step` (the tracker's step, in `diagkit/step`)."""
