@@ -58,6 +58,9 @@ def pytest_sessionfinish(session):
     if _is_worker(session.config) or SESSION_MARKER not in os.environ:
         return
     tag = os.environ[SESSION_MARKER]
+    # A process started a moment ago shows the environment its parent started with until it
+    # has exec'd (no marker yet): give a loaded machine that moment before looking
+    time.sleep(0.5)
     end = time.monotonic() + GRACE_S
     while carrying(SESSION_MARKER, tag) and time.monotonic() < end:
         time.sleep(0.1)

@@ -36,6 +36,11 @@ def test_workers_alive_sees_only_its_own_runs_ranks():
         with marked_here() as tag:
             assert workers_alive(tag) == []
             mine = subprocess.Popen(rank, start_new_session=True)
+            # until it has exec'd, /proc shows the environment this process started with
+            # (without the marker): on a loaded machine that takes a moment
+            deadline = time.monotonic() + 15
+            while workers_alive(tag) != [mine.pid] and time.monotonic() < deadline:
+                time.sleep(0.05)
             assert workers_alive(tag) == [mine.pid]
         assert mine.wait(timeout=10) == -9 and other.poll() is None
     finally:
