@@ -11,7 +11,7 @@ framework (comet_ml, a CSV logger, ...) are left out quietly: diagkit has nothin
 
 from __future__ import annotations
 
-from ..run.trackers.choose import TRACKERS, words
+from ..run.trackers.choose import TRACKERS, unique, words
 from ..run.trackers.context import Context
 
 
@@ -21,7 +21,7 @@ def chosen(report_to, framework: list[tuple[str, object]]) -> list:
     the framework's TensorBoard file, not a second one); "all": the framework's trackers and
     every other tracker with a run open; "none": nothing."""
     if report_to is None:
-        return _unique([item for _, item in framework])
+        return unique([item for _, item in framework])
     asked = [report_to] if isinstance(report_to, str) else list(report_to)
     if "none" in asked:
         return []
@@ -35,7 +35,7 @@ def chosen(report_to, framework: list[tuple[str, object]]) -> list:
             items.append(theirs[word])
         else:
             items.append(word)
-    return _unique(items)
+    return unique(items)
 
 
 def known(names) -> list[str]:
@@ -52,10 +52,3 @@ def context(items: list, *, framework: str, after: int, out, say, **objects) -> 
     return Context(out=out, step_offset=after, framework=framework,
                    objects={"report_to": items, **objects}, say=say)
 
-
-def _unique(items: list) -> list:
-    unique = []
-    for item in items:
-        if not any(item is u or (isinstance(item, str) and item == u) for u in unique):
-            unique.append(item)
-    return unique

@@ -33,8 +33,7 @@ def ended(trackers, diagnosis, *, whole_run: bool, folder) -> None:
         return
     try:
         if not whole_run and len(diagnosis.steps):
-            trackers.judged(sorted(set(int(s) for s in diagnosis.steps["step"])),
-                            diagnosis.findings)
+            trackers.judged(diagnosis.steps["step"], diagnosis.findings)
         trackers.ended(diagnosis, folder)
     except Exception as exc:
         logging.getLogger("diagkit").warning(

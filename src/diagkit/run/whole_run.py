@@ -204,8 +204,7 @@ class WholeRun:
         for span in self.timeline.advance(judged.findings, first, last, starts, self.events):
             self._announce(span)
         if self.watch.trackers is not None:  # report_to: the series, one point a step
-            self.watch.trackers.judged(sorted(set(int(s) for s in steps["step"])),
-                                       judged.findings)
+            self.watch.trackers.judged(steps["step"], judged.findings)
         self.figures.update(((f.code, f.module), (first, last)) for f in judged.findings)
         self.kept.add(steps, around_change=around)
 

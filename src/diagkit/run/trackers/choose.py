@@ -48,11 +48,17 @@ def words(value) -> list:
             chosen += [w for w in TRACKERS if installed(w) and _module(w).active()]
         else:
             chosen.append(item)
-    unique = []
-    for item in chosen:
-        if not any(item is u or (isinstance(item, str) and item == u) for u in unique):
-            unique.append(item)
-    return unique
+    return unique(chosen)
+
+
+def unique(items: list) -> list:
+    """`items` without repeats, in order: a word once, an object once (by identity: a tracker
+    object need not compare equal to itself)."""
+    kept = []
+    for item in items:
+        if not any(item is k or (isinstance(item, str) and item == k) for k in kept):
+            kept.append(item)
+    return kept
 
 
 def open_sinks(value, context) -> list:

@@ -35,10 +35,12 @@ class Trackers:
         return cls(sinks, context) if sinks else None
 
     def judged(self, steps, findings) -> None:
-        """Findings judged over the observed `steps` (diagkit's numbering): the series
-        `diagkit/errors` and `diagkit/warnings` get one point per observed step."""
+        """Findings judged over the observed `steps` (diagkit's numbering; a steps table's
+        column, with repeats): the series `diagkit/errors` and `diagkit/warnings` get one point
+        per observed step."""
         values = tracked.counts(findings)
-        self.sender.send("series", [(int(step) + self.offset, dict(values)) for step in steps])
+        self.sender.send("series", [(step + self.offset, dict(values))
+                                    for step in sorted(set(map(int, steps)))])
 
     def announced(self, finding, step: int | None) -> None:
         """A new warning or error of a whole-run watch: the tracker's alert, once."""
