@@ -13,7 +13,10 @@ frame left; torchrun then stops the other ranks with SIGTERM): torch's own, repr
 diagkit by `benchmarks/gloo_teardown_abort.py --ending no-destroy` (docs/development.md, "Tests").
 Every job diagkit and these tests run destroys its group, so it should not happen; a job whose
 only fault is that is still judged by what it wrote and printed, which every test checks in
-full.
+full. Twice, on a loaded machine, a job was judged finished without rank 0's file: the one
+path that allows it is the other rank aborting first and torchrun stopping rank 0 before it
+wrote. So each program here meets at a barrier after rank 0 wrote, before it destroys its group,
+and a missing file is reported with the job's output.
 """
 
 from __future__ import annotations
@@ -157,6 +160,8 @@ def torchrun_program(folder: Path, program: str, nproc: int, env: dict, timeout:
                     "--max-restarts=0", "--standalone", "job.py", "out.json"],
                    cwd=folder, env=env, timeout=timeout)
     assert finished(done.returncode, done.stdout + done.stderr), done.stderr[-4000:]
+    assert (folder / "out.json").exists(), (
+        f"torchrun exited {done.returncode} without rank 0's out.json:\n{done.stderr[-4000:]}")
     return json.loads((folder / "out.json").read_text())
 
 

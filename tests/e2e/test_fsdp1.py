@@ -76,6 +76,7 @@ PROGRAM = textwrap.dedent('''
             out[f"slices {nested}"] = sorted(tuple(p.shape) for p in fsdp.parameters())
     if dist.get_rank() == 0:
         json.dump(out, open(sys.argv[1], "w"))
+    dist.barrier()  # nobody leaves before rank 0 wrote (tests/jobs.py)
     dist.destroy_process_group()
 ''')
 

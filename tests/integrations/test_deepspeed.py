@@ -111,6 +111,7 @@ PROGRAM = textwrap.dedent('''
         out["fp16"] = "unsupported"
         if dist.get_rank() == 0:
             json.dump(out, open(sys.argv[1], "w"))
+        dist.barrier()  # nobody leaves before rank 0 wrote (tests/jobs.py)
         dist.destroy_process_group()
         sys.exit(0)
     torch.manual_seed(0)
@@ -136,6 +137,7 @@ PROGRAM = textwrap.dedent('''
                        "dtype": sorted(set(d.params["dtype"]))}
     if dist.get_rank() == 0:
         json.dump(out, open(sys.argv[1], "w"))
+    dist.barrier()  # nobody leaves before rank 0 wrote (tests/jobs.py)
     dist.destroy_process_group()
 ''')
 

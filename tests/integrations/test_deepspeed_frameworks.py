@@ -133,6 +133,7 @@ PROGRAM = textwrap.dedent('''
         out[f"trainer {stage} {planted}"] = trainer_run(stage, planted)
     if dist.get_rank() == 0:
         json.dump(out, open(sys.argv[1], "w"))
+    dist.barrier()  # nobody leaves before rank 0 wrote (tests/jobs.py)
     dist.destroy_process_group()
 ''')
 
