@@ -35,7 +35,7 @@ def time_compiled(build, cfg: dict, rounds: int = 5, k: int = 3) -> dict:
     """`build(kind, cfg)` is overhead.py's (model, optimizer, batch_fn, loss_fn)."""
     import torch
     import diagkit
-    from diagkit.measure.restore import SavedState
+    from diagkit.measure.model.restore import SavedState
     model, opt, batch_fn, loss_fn = build("gpt", cfg)
     compiled = torch.compile(model)
     started = time.perf_counter()

@@ -153,7 +153,7 @@ def misfired(device: str, delta: str):
 def fingerprints(ctx):
     if not ctx.cuda:
         return ctx.skip("A fingerprint equal on CPU and GPU", "CUDA-only")
-    from diagkit.measure.fingerprint import Fingerprinter
+    from diagkit.measure.change.fingerprint import Fingerprinter
     fp = Fingerprinter()
     for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         t = torch.randn(3 * fp.CHUNK + 17, generator=torch.Generator().manual_seed(3)).to(dtype)
@@ -173,10 +173,10 @@ def verdicts(ctx):
 def observer_syncs(ctx):
     if not ctx.cuda:
         return ctx.skip("C host syncs per observed Observer step", "CUDA-only")
-    from diagkit.measure.inventory import take_inventory
-    from diagkit.measure.observer import Observer
-    from diagkit.run.loop import step_function
-    from diagkit.run.target import Setup
+    from diagkit.measure.model.inventory import take_inventory
+    from diagkit.measure.step.observer import Observer
+    from diagkit.run.diagnose.loop import step_function
+    from diagkit.run.target.target import Setup
     torch.manual_seed(0)
     model = Net().cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

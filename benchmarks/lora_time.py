@@ -67,7 +67,7 @@ def memory_child(variant: str, size: dict, steps: int) -> dict:
     import torch
     torch.set_num_threads(1)
     import diagkit
-    import diagkit.run.watch  # noqa: F401 (imports are not the watch's memory)
+    import diagkit.run.watch.watch  # noqa: F401 (imports are not the watch's memory)
     import pandas  # noqa: F401
     model, opt, step = build(size)
     for i in range(2):
@@ -103,7 +103,7 @@ def time_lora(quick: bool = False, rounds: int = 3, k: int = 3) -> dict:
     import torch
     torch.set_num_threads(1)
     import diagkit
-    from diagkit.measure.restore import SavedState
+    from diagkit.measure.model.restore import SavedState
     model, opt, step = build(QUICK if quick else SIZE)
     for i in range(2):
         step(i)
@@ -151,7 +151,7 @@ def time_lora(quick: bool = False, rounds: int = 3, k: int = 3) -> dict:
 def base_read(model, rounds: int = 3) -> float:
     """One read of the frozen base (what no optimizer holds, not requiring grad: the
     watch's), timed alone: the median of `rounds` (`split_probe.FrozenWindow`)."""
-    from diagkit.measure.split_probe import FrozenWindow
+    from diagkit.measure.change.split_probe import FrozenWindow
     frozen = [p for p in model.parameters() if not p.requires_grad]
     times = []
     for _ in range(rounds):
@@ -169,8 +169,8 @@ def plan_70b() -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from diagkit.demos.llama_lora import SIZES
-    from diagkit.measure import split_probe
-    from diagkit.measure.inventory import take_inventory
+    from diagkit.measure.change import split_probe
+    from diagkit.measure.model.inventory import take_inventory
     with torch.device("meta"):
         base = LlamaForCausalLM(LlamaConfig(**SIZES["70b"], tie_word_embeddings=False))
         model = get_peft_model(base, LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))

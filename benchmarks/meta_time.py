@@ -24,7 +24,7 @@ TIME = Path("/usr/bin/time")
 # The fallback: the CLI in this interpreter, then its own peak from /proc (KiB) on stderr.
 _SELF_PEAK = """
 import sys
-from diagkit.run.cli import main
+from diagkit.run.cli.commands import main
 try:
     code = main(sys.argv[1:])
 finally:

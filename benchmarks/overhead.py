@@ -5,7 +5,7 @@ Prints a table with each measured ratio beside its goal and writes everything to
 
   A. per-step time, plain vs observed, interleaved A B A B, medians over repeats, one torch
      thread, on (a) a GPT-style model (~17M parameters) and (b) a model with ~500 small tensors.
-     "Observed" is an `Observer` built the way `diagkit.run.pipeline.observe` builds it, and only the
+     "Observed" is an `Observer` built the way `diagkit.run.diagnose.pipeline.observe` builds it, and only the
      step itself (begin_step + the user's step + end_step) is timed; the one-off costs
      (inventory, Observer + attach, SavedState capture and restore, detach, steps table,
      judging) are timed separately and reported as fixed costs.
@@ -216,7 +216,7 @@ def param_facts(model) -> dict:
 
 # ============================================================== A. step time
 def _setup(model, opt, batch_fn, loss_fn):
-    from diagkit.run.target import Setup
+    from diagkit.run.target.target import Setup
     return Setup(model=model, optimizer=opt, batch_fn=batch_fn, loss_fn=loss_fn)
 
 
@@ -225,11 +225,11 @@ MODES = ("exact", "sampled", "off")
 
 def time_steps(kind: str, cfg: dict, rounds: int, k: int, profile: bool,
                device: str = "cpu") -> dict:
-    from diagkit.measure.inventory import take_inventory
-    from diagkit.measure.observer import Observer
-    from diagkit.measure.restore import SavedState
-    from diagkit.run.loop import loop_facts, step_function
-    from diagkit.run.pipeline import Observation, judge_observation
+    from diagkit.measure.model.inventory import take_inventory
+    from diagkit.measure.step.observer import Observer
+    from diagkit.measure.model.restore import SavedState
+    from diagkit.run.diagnose.loop import loop_facts, step_function
+    from diagkit.run.diagnose.pipeline import Observation, judge_observation
 
     model, opt, batch_fn, loss_fn = build(kind, cfg, device)
     setup = _setup(model, opt, batch_fn, loss_fn)
@@ -440,8 +440,8 @@ def memory_child(kind: str, cfg: dict, variant: str, steps: int) -> dict:
     variant; report the peak resident set (ru_maxrss, KiB on Linux)."""
     torch.set_num_threads(1)
     import diagkit
-    from diagkit.run.loop import step_function
-    from diagkit.run.pipeline import observe
+    from diagkit.run.diagnose.loop import step_function
+    from diagkit.run.diagnose.pipeline import observe
 
     model, opt, batch_fn, loss_fn = build(kind, cfg)
     setup = _setup(model, opt, batch_fn, loss_fn)
@@ -516,8 +516,8 @@ def measure_memory(kind: str, cfg: dict, steps: int, repeats: int = 3) -> dict:
 
 def cuda_memory(kind: str, cfg: dict, steps: int) -> dict:
     """Peak device memory of each variant, in this process (the allocator's own peak)."""
-    from diagkit.run.loop import step_function
-    from diagkit.run.pipeline import observe
+    from diagkit.run.diagnose.loop import step_function
+    from diagkit.run.diagnose.pipeline import observe
 
     model, opt, batch_fn, loss_fn = build(kind, cfg, "cuda")
     setup = _setup(model, opt, batch_fn, loss_fn)
@@ -657,7 +657,7 @@ def time_report(n_tensors: int, n_steps: int, out_dir: Path) -> dict:
     from diagkit.judge.advice import build_advice
     from diagkit.judge.findings import build_findings
     from diagkit.judge.verdicts import judge
-    from diagkit.measure.aggregate import build_params
+    from diagkit.measure.tables.aggregate import build_params
     from diagkit.present import matrix, plots, sections, tables
 
     t = {}

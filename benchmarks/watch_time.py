@@ -29,9 +29,9 @@ def timed_steps(step, n: int) -> list[float]:
 def time_watch(build, kind: str, cfg: dict, rounds: int, k: int) -> dict:
     """Medians and ratios of plain, watched and after-detach steps of `build(kind, cfg)`."""
     import diagkit
-    from diagkit.measure.restore import SavedState
-    from diagkit.run.loop import step_function
-    from diagkit.run.target import Setup
+    from diagkit.measure.model.restore import SavedState
+    from diagkit.run.diagnose.loop import step_function
+    from diagkit.run.target.target import Setup
 
     model, opt, batch_fn, loss_fn = build(kind, cfg)
     step = step_function(Setup(model=model, optimizer=opt, batch_fn=batch_fn, loss_fn=loss_fn))

@@ -16,7 +16,7 @@ import time
 
 
 def _plain_block(step, n: int) -> float:
-    """Seconds of n calls of `step`, the loop `diagnose` runs (`diagkit.run.loop`)."""
+    """Seconds of n calls of `step`, the loop `diagnose` runs (`diagkit.run.diagnose.loop`)."""
     s = time.perf_counter()
     for i in range(n):
         step(i)
@@ -26,9 +26,9 @@ def _plain_block(step, n: int) -> float:
 def time_whole_call(build, kind: str, cfg: dict, rounds: int, n: int) -> dict:
     """Medians and ratios of `diagnose(steps=n)` against n plain steps of `build(kind, cfg)`."""
     import diagkit
-    from diagkit.measure.restore import SavedState
-    from diagkit.run.loop import step_function
-    from diagkit.run.target import Setup
+    from diagkit.measure.model.restore import SavedState
+    from diagkit.run.diagnose.loop import step_function
+    from diagkit.run.target.target import Setup
 
     model, opt, batch_fn, loss_fn = build(kind, cfg)
     step = step_function(Setup(model=model, optimizer=opt, batch_fn=batch_fn, loss_fn=loss_fn))

@@ -30,9 +30,9 @@ CHECK_GOAL, CHECK_GOAL_TENSORS = 0.002, 5000  # issue 25: the check <= 0.2 % of 
 
 def time_whole_run(build, kind: str, cfg: dict, rounds: int, n: int, every: int) -> dict:
     import diagkit
-    from diagkit.measure.restore import SavedState
-    from diagkit.run.loop import step_function
-    from diagkit.run.target import Setup
+    from diagkit.measure.model.restore import SavedState
+    from diagkit.run.diagnose.loop import step_function
+    from diagkit.run.target.target import Setup
     from watch_time import timed_steps
 
     model, opt, batch_fn, loss_fn = build(kind, cfg)
@@ -87,7 +87,7 @@ def time_change_check(tensors: int, repeats: int = 600) -> dict:
     """`Wiring.changes` on a model of `tensors` tensors vs one plain SGD step of it: medians of
     `repeats` checks and of one plain step per 10 checks, interleaved (600: a median that a
     busy host moves by a few per cent, not tens)."""
-    from diagkit.measure.wiring import Wiring
+    from diagkit.measure.clock.wiring import Wiring
 
     torch.manual_seed(0)
     model = Many(tensors)

@@ -4,7 +4,7 @@ as in F (`watch_time.timed_steps`): per round a block of plain `engine.backward(
 engine.step()` steps and a block under a fresh watch of `k + 2` steps (its first and last step,
 set-up and judging, reported apart).
 
-Watched through ZeRO's own groups (`diagkit.measure.zero`): every tensor hooked (a process
+Watched through ZeRO's own groups (`diagkit.measure.engines.zero`): every tensor hooked (a process
 group), each value measured on its partition and the partitions combined in one all-reduce per
 observed step. An engine's state cannot be put back, so the rounds run on from each other.
 """

@@ -4,7 +4,7 @@ prints, what it writes and its exit code (docs/development.md, "Tests").
 A test that runs the console script in a subprocess pays for a fresh interpreter importing
 torch, pandas and diagkit (about 1.5 s of CPU each time, more on a loaded machine) before the
 command does anything. `run_cli("check", "diagkit.demos:clean", "--json", "o.json")` calls the
-console script's own entry point, `diagkit.run.cli.main(argv)`, and returns what
+console script's own entry point, `diagkit.run.cli.commands.main(argv)`, and returns what
 `subprocess.run([diagkit, ...], capture_output=True, text=True)` would: a
 `subprocess.CompletedProcess` with `returncode`, `stdout` and `stderr` (as text, newlines
 translated as `text=True` does).
@@ -38,7 +38,7 @@ What it does as a process would:
 What differs from a real process, so which tests must stay a subprocess:
 
 - **Nothing is imported fresh.** Modules stay imported between calls, with their state:
-  caches, `diagkit.run.deadline`'s last clock, torch's settings and RNG, what a target module
+  caches, `diagkit.run.target.deadline`'s last clock, torch's settings and RNG, what a target module
   imported from site-packages, warnings a module gives only when first imported. A dotted
   target is imported once per worker (`diagkit.demos:*` and the tests' own modules are fine:
   they never change); a dotted target a test writes into its own folder is not for `run_cli`.
@@ -107,7 +107,7 @@ def run_cli(*args, cwd=None, env=None, timeout=TIMEOUT) -> subprocess.CompletedP
         raise RuntimeError("run_cli needs the main thread (the CLI's signal handlers and "
                            "--timeout work only there)")
     argv = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
-    from diagkit.run.cli import main
+    from diagkit.run.cli.commands import main
     if any(a == "--timeout" or a.startswith("--timeout=") for a in argv):
         _warm_up(main)
     with _process_state(argv, cwd, env), _captured() as out:

@@ -71,7 +71,7 @@ def main() -> None:
         return sorted({f.code for f in d.findings})
 
     def check():
-        from diagkit.run.cli import main as cli
+        from diagkit.run.cli.commands import main as cli
         with contextlib.redirect_stdout(io.StringIO()):
             code = cli(["check", "diagkit.demos:meta_memory", "--steps", "2", "--json",
                         "check.json"])

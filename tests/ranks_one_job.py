@@ -12,7 +12,7 @@ the real one:
 1. each call is made for real up to its launch: the options checked, the spec written (by
    `diagnose_distributed` itself); `launcher._launch` is patched to keep that spec and stop;
 2. one torchrun job (the launcher's command line and environment, `tests/jobs.run_job`: no
-   process outlives it) runs `python -m diagkit.run.worker SPEC` (runpy) for every spec in
+   process outlives it) runs `python -m diagkit.run.diagnose.worker SPEC` (runpy) for every spec in
    turn, in the same 2 ranks: each run starts its own process group and destroys it;
 3. each call is made again, its `_launch` patched to hand it the run folder that run's ranks
    wrote (and torchrun's exit code for it): the launcher assembles, names failures and judges
@@ -40,7 +40,7 @@ from pathlib import Path
 from unittest import mock
 
 from diagkit import DiagkitError
-from diagkit.run import launcher
+from diagkit.run.diagnose import launcher
 from jobs import finished, run_job
 
 RUNNER = '''
@@ -149,7 +149,7 @@ def diagnose_together(calls: dict[str, dict], *, nproc: int = 2, **job) -> dict[
                 with mock.patch.object(launcher, "_launch", keep):
                     launcher.diagnose_distributed(**kwargs, nproc=nproc)
             except _Kept:
-                programs.append({"name": name, "module": "diagkit.run.worker",
+                programs.append({"name": name, "module": "diagkit.run.diagnose.worker",
                                  "argv": [str(run_dir / "spec.json")], "cwd": str(run_dir)})
             except DiagkitError:  # refused before any launch: raised again in step 3
                 pass

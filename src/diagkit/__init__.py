@@ -23,11 +23,11 @@ from .core.version import VERSION as __version__
 
 # name -> (module, attribute): where each public name lives, imported on first use.
 _LAZY = {
-    "watch": (".run.watch", "watch"),
-    "explore": (".run.explore", "explore"),
-    "diagnose": (".run.api", "diagnose"),
-    "load_target": (".run.target", "load_target"),
-    "Setup": (".run.target", "Setup"),
+    "watch": (".run.watch.watch", "watch"),
+    "explore": (".run.workbook.explore", "explore"),
+    "diagnose": (".run.diagnose.api", "diagnose"),
+    "load_target": (".run.target.target", "load_target"),
+    "Setup": (".run.target.target", "Setup"),
     "Diagnosis": (".core.result", "Diagnosis"),
     "Finding": (".core.result", "Finding"),
     "load": (".core.result", "load"),
@@ -40,10 +40,10 @@ __all__ = ["watch", "explore", "diagnose", "load_target", "Setup", "Diagnosis", 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
     from .core.result import Diagnosis, Finding, load
     from .judge.verdicts import VERDICTS
-    from .run.api import diagnose
-    from .run.explore import explore
-    from .run.target import Setup, load_target
-    from .run.watch import watch
+    from .run.diagnose.api import diagnose
+    from .run.workbook.explore import explore
+    from .run.target.target import Setup, load_target
+    from .run.watch.watch import watch
 
 
 def __getattr__(name: str):

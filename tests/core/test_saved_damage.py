@@ -15,7 +15,7 @@ import diagkit
 from diagkit import DiagkitError
 from diagkit.core.result import StepFailure
 from diagkit.core.schema import FORMAT_VERSION
-from diagkit.run.notebook import load_saved
+from diagkit.run.workbook.notebook import load_saved
 
 # Columns added after format 1 was first written.
 ADDED = {"params": ["placement", "stage", "skipped_steps"], "steps": ["skipped"]}

@@ -12,7 +12,7 @@ import torch
 
 import diagkit
 from diagkit.core import saved, swap
-from diagkit.run.notebook import load_saved
+from diagkit.run.workbook.notebook import load_saved
 
 
 def _diagnose(steps: int):

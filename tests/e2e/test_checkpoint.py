@@ -12,9 +12,9 @@ from torch import nn
 
 import diagkit
 from diagkit import DiagkitError
-from diagkit.run.api import run_target
+from diagkit.run.diagnose.api import run_target
 from diagkit.judge.checkpoint_audit import audit, load_findings
-from diagkit.measure.checkpoint_load import load_checkpoint
+from diagkit.measure.checkpoints.load import load_checkpoint
 from cli_inprocess import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]

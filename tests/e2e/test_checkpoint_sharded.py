@@ -21,10 +21,10 @@ from torch import nn
 
 from diagkit import DiagkitError
 from diagkit.judge.checkpoint_audit import load_findings
-from diagkit.measure import checkpoint_dcp, checkpoint_shards
-from diagkit.measure.checkpoint_kind import DCP, FILE, HF_SHARDED, locate
-from diagkit.measure.checkpoint_load import load_checkpoint
-from diagkit.run.compare import compare_checkpoints
+from diagkit.measure.checkpoints import dcp as checkpoint_dcp, shards as checkpoint_shards
+from diagkit.measure.checkpoints.kind import DCP, FILE, HF_SHARDED, locate
+from diagkit.measure.checkpoints.load import load_checkpoint
+from diagkit.run.workbook.compare import compare_checkpoints
 from cli_inprocess import run_cli
 from jobs import run_job
 

@@ -22,11 +22,11 @@ from safetensors.torch import save_file
 
 from cli_inprocess import run_cli
 from diagkit import DiagkitError
-from diagkit.measure import checkpoint_diff
+from diagkit.measure.checkpoints import diff as checkpoint_diff
 from diagkit.present import comparison
-from diagkit.run import compare
+from diagkit.run.workbook import compare
 from diagkit.present.text import comparison_text
-from diagkit.run.compare import compare_checkpoints
+from diagkit.run.workbook.compare import compare_checkpoints
 
 REPO = Path(__file__).resolve().parents[2]
 STEP2 = REPO / "data" / "meta_memory_step2.pt"
@@ -310,7 +310,7 @@ def test_trust_opts_in_to_arbitrary_unpickling(tmp_path, capfd):
 # afresh) and then the large one; its peak resident size grows from there as a fresh process's.
 _MEASURE = textwrap.dedent("""
     import json, os, resource, sys, traceback
-    from diagkit.run.compare import compare_checkpoints
+    from diagkit.run.workbook.compare import compare_checkpoints
 
     def maxrss():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

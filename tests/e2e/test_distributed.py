@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from diagkit.run.launcher import diagnose_distributed
+from diagkit.run.diagnose.launcher import diagnose_distributed
 from jobs import JOB_MARKER, carrying, marked_here
 from ranks_one_job import diagnose_together
 
@@ -30,7 +30,7 @@ def workers_alive(tag: str) -> list[int]:
 
 def test_workers_alive_sees_only_its_own_runs_ranks():
     """Another run's rank on the machine (another test, another user's job) is not ours."""
-    rank = [sys.executable, "-c", "import time; time.sleep(120)", "-m", "diagkit.run.worker"]
+    rank = [sys.executable, "-c", "import time; time.sleep(120)", "-m", "diagkit.run.diagnose.worker"]
     other = subprocess.Popen(rank)
     try:
         with marked_here() as tag:

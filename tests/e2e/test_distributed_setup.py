@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from diagkit import DiagkitError
-from diagkit.run.launcher import diagnose_distributed
+from diagkit.run.diagnose.launcher import diagnose_distributed
 from ranks_one_job import diagnose_together
 
 DIAGKIT = str(Path(sys.executable).parent / "diagkit")
@@ -275,7 +275,7 @@ def ranks_left(folder) -> list[int]:
     for file in (folder / "pids").glob("rank*"):
         pid = int(file.read_text())
         try:
-            if b"diagkit.run.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"diagkit.run.diagnose.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 alive.append(pid)
         except OSError:
             continue

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import diagkit
-from diagkit.run.launcher import diagnose_distributed
+from diagkit.run.diagnose.launcher import diagnose_distributed
 from jobs import finished, run_job
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -195,7 +195,7 @@ def test_a_copied_notebook_opens_unmodified(tmp_path):
     """`diagkit notebooks DIR` copies: opened in JupyterLab (its kernel started, nothing run),
     the notebook is not marked modified; JupyterLab wrote the kernel's language_info into the
     shipped notebook as it opened it, so it showed as modified at once."""
-    from diagkit.run.shipped_notebooks import copy_notebooks
+    from diagkit.run.workbook.shipped_notebooks import copy_notebooks
     notebooks, home = tmp_path / "notebooks", tmp_path / "jupyter"
     home.mkdir()
     copy_notebooks(notebooks)

@@ -86,7 +86,7 @@ def test_what_a_dry_run_cannot_do_is_one_line_exit_2(tmp_path, extra, words):
 
 MEASURED = textwrap.dedent('''
     import resource, sys
-    from diagkit.run.cli import main
+    from diagkit.run.cli.commands import main
     code = main(sys.argv[1:])
     print("MAXRSS_MIB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
           file=sys.stderr)

@@ -17,11 +17,11 @@ import torch
 import torch.nn as nn
 
 import diagkit
-from diagkit.measure import exact_probe as delta_module
-from diagkit.measure import snapshot_pass
-from diagkit.measure.fingerprint import Fingerprinter
-from diagkit.run.loop import loop_facts, step_function
-from diagkit.run.target import Setup
+from diagkit.measure.change import exact_probe as delta_module
+from diagkit.measure.change import snapshot_pass
+from diagkit.measure.change.fingerprint import Fingerprinter
+from diagkit.run.diagnose.loop import loop_facts, step_function
+from diagkit.run.target.target import Setup
 from models import (MLP, EvenBranch, MaskedHead, NormNet, Reuse, SqrtAtZero, TiedLM,
                       WithDeadHead, ZeroGate, fixed_batch, freeze_fc1_weight_at_step_2, mse_loss,
                       sum_loss)
@@ -241,7 +241,7 @@ HAND_WRITTEN = [s for s in SCENARIOS if s not in (frozen_but_changing, branch)]
 
 @pytest.mark.parametrize("build", HAND_WRITTEN, ids=lambda b: b.__name__)
 def test_unhooked_standard_loop_measures_what_hooks_measure(build, exact_runs):
-    """The standard loop observes held tensors without hooks (`run.loop.loop_facts`); the same loop
+    """The standard loop observes held tensors without hooks (`run.diagnose.loop.loop_facts`); the same loop
     handed over as a `train_step` gets a hook on every tensor. Both must record the same."""
     torch.manual_seed(0)
     kwargs = build()
@@ -263,7 +263,7 @@ def test_a_nan_change_is_decided_with_the_steps_read_back(build, monkeypatch):
     while its value before still exists (`change_parts`), riding with the step's one read-back:
     no host reads of its own in `resolve()`. Forgetting what is known (so that it is decided
     from before - after alone: chunk by chunk in the snapshot pass of `end()` on the CPU
-    (`measure.snapshot_pass`), else in `resolve()`) decides the same on these runs."""
+    (`measure.change.snapshot_pass`), else in `resolve()`) decides the same on these runs."""
     calls, phase = [], []
 
     def spy(name, real):

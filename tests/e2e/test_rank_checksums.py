@@ -1,7 +1,7 @@
 """Rank checksums of large tensors under a real torchrun of 2 processes (gloo).
 
 A large CPU tensor's checksum is taken inside the exact probe's snapshot pass, where its
-chunks are in cache (`measure.snapshot_pass`, docs/cost.md); a small one's apart
+chunks are in cache (`measure.change.snapshot_pass`, docs/cost.md); a small one's apart
 (`kernels.checksum`). Ranks compare them to see values drift apart (`rank_divergent`), so the
 pass must give the same number on every rank for the same values, and a different one as soon
 as the values differ, however little. The job: a `Linear(300, 300)` under DDP (90,300
@@ -29,7 +29,7 @@ PROGRAM = textwrap.dedent('''
     import torch, torch.distributed as dist
     from torch import nn
     import diagkit
-    from diagkit.measure import snapshot_pass
+    from diagkit.measure.change import snapshot_pass
 
     dist.init_process_group("gloo")
     taken = []  # the tensors whose checksum the pass took, per call

@@ -62,7 +62,7 @@ def test_the_torchrun_commands_name_an_example_that_exists(command):
 
 def test_the_whole_run_snippet_logs_the_orphan_at_the_step_and_saves_it(tmp_path, monkeypatch,
                                                                         caplog):
-    from diagkit.run import watch_ends
+    from diagkit.run.watch import ends as watch_ends
     monkeypatch.chdir(tmp_path)
     snippet = doc_blocks.snippet(WHOLE_RUN, "steps=None")
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cli_inprocess import run_cli
-from diagkit.run.cli import main
+from diagkit.run.cli.commands import main
 
 DIAGKIT = str(Path(sys.executable).parent / "diagkit")
 
@@ -87,7 +87,7 @@ def test_try_fix_nproc_2_shows_the_two_step_times():
 def test_try_fix_rebuilds_the_targets_own_ddp():
     """ddp_strict: the target's own DDP(find_unused_parameters=False) stops on a dead head.
     Fixed, the head is frozen and the DDP rebuilt around the module: the run completes."""
-    from diagkit.run.try_fix import try_fixes
+    from diagkit.run.diagnose.try_fix import try_fixes
     p = try_fixes("diagkit.demos:ddp_strict", nproc=2, steps=3)
     assert p.before.failure is not None and p.after.failure is None
     rows = {r["code"]: r for r in p.rows}

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from diagkit.run.launcher import diagnose_distributed
+from diagkit.run.diagnose.launcher import diagnose_distributed
 
 TARGET = f"{Path(__file__).with_name('unregistered_targets.py')}:build"
 LOOSE = ["layers[0].bias", "layers[0].weight", "layers[1].bias", "layers[1].weight",

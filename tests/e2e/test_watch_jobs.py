@@ -57,7 +57,7 @@ def test_plain_main_loop_finds_the_name_filter_and_the_dead_module(tmp_path):
     assert v["encoder.0.weight"] == {"ok"} == v["encoder.2.weight"]
     assert diag.meta["steps_observed"] == 10 and "10 steps observed — 1 error" in out.stdout
     # later, anywhere: the saved watch result renders without running anything
-    cli = subprocess.run([sys.executable, "-m", "diagkit.run.cli", "report", "--from", "diag",
+    cli = subprocess.run([sys.executable, "-m", "diagkit.run.cli.commands", "report", "--from", "diag",
                           "--out", "report"], cwd=tmp_path, env=ENV, capture_output=True,
                          text=True, timeout=240)
     assert cli.returncode == 1, cli.stderr[-2000:]  # findings at the default --fail-on error

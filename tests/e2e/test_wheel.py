@@ -40,7 +40,7 @@ def installed(tmp_path_factory) -> Path:
 # What the tests ask of the installed wheel, in one process started far from the repository with
 # the wheel on PYTHONPATH (one interpreter and its imports instead of one a step): each step's
 # value, or its traceback, into results.json, so a step that fails fails its own test. The
-# commands are the console script's `main`, as `python -m diagkit.run.cli ...` runs it.
+# commands are the console script's `main`, as `python -m diagkit.run.cli.commands ...` runs it.
 FAR = """
 import contextlib, io, json, sys, traceback
 results = {}
@@ -61,12 +61,12 @@ def imported():
 
 
 def compare_default():  # here no data/ is in the working folder: the wheel's copy is found
-    from diagkit.run import compare
+    from diagkit.run.workbook import compare
     return compare.check_parameters({})["checkpoint_a"]
 
 
 def cli(*args, capture=False):
-    from diagkit.run.cli import main
+    from diagkit.run.cli.commands import main
     out = io.StringIO()
     with contextlib.redirect_stdout(out) if capture else contextlib.nullcontext():
         code = main(list(args))

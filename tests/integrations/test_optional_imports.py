@@ -23,8 +23,8 @@ def loaded_after(statement: str) -> list[str]:
 
 
 def test_diagkit_and_the_integrations_package_import_no_framework():
-    assert loaded_after("import diagkit, diagkit.integrations, diagkit.run.cli, "
-                        "diagkit.run.watch") == []
+    assert loaded_after("import diagkit, diagkit.integrations, diagkit.run.cli.commands, "
+                        "diagkit.run.watch.watch") == []
 
 
 @pytest.mark.skipif(any(importlib.util.find_spec(m) is None
@@ -39,7 +39,7 @@ def test_the_70b_demo_without_peft_names_the_extra_to_install():
     """From a wheel without the extras, the 70B `--meta` command of docs/meta.md ends in one
     line that says what to install (it was "No module named 'peft'"), exit code 2."""
     code = ("import sys; sys.modules['peft'] = None; "  # an import of peft now fails
-            "from diagkit.run.cli import main; "
+            "from diagkit.run.cli.commands import main; "
             "sys.exit(main(['check', 'diagkit.demos.llama_lora:llama_lora', '--meta', "
             "'--arg', 'size=tiny']))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

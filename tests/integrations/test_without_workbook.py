@@ -50,7 +50,7 @@ FEATURES = f"""
     for name in {WORKBOOK!r}:
         sys.modules[name] = None  # not installed: every import of it fails
     import torch, diagkit
-    from diagkit.run.cli import main
+    from diagkit.run.cli.commands import main
     got = {{}}
 
     def cli(*args):
@@ -93,7 +93,7 @@ FEATURES = f"""
     got["saved"] = str(diagkit.load("saved"))
     got["explore"] = error(lambda: diagkit.explore(w.diagnosis))
     got["plots"] = error(lambda: __import__("diagkit.present.plots"))
-    from diagkit.run.compare import compare_checkpoints
+    from diagkit.run.workbook.compare import compare_checkpoints
     cmp = compare_checkpoints(data + "/meta_memory_step2.pt", data + "/meta_memory_step5.pt")
     got["comparison_html"] = "diagkit" in cmp._repr_html_()
     print(json.dumps(got))

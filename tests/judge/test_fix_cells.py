@@ -17,7 +17,7 @@ def configure_optimizers(m):
 sys.path.insert(0, {str(TESTS)!r})""",
          """import torch, diagkit
 from models import MLP, fixed_batch, mse_loss
-from diagkit.measure.provenance import record_optimizer_sources, sources_for
+from diagkit.measure.origin.provenance import record_optimizer_sources, sources_for
 m = MLP()
 with record_optimizer_sources() as recorder:
     opt = configure_optimizers(m)

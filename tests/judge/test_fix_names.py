@@ -1,5 +1,5 @@
 """A fix names the model and the optimizers as the user's `watch(...)` call does
-(`measure.watch_call`, `meta["names"]`): `watch(model2, opt2)` in a namespace that also holds
+(`measure.origin.watch_call`, `meta["names"]`): `watch(model2, opt2)` in a namespace that also holds
 `model` says `model2`; a list of optimizers names the one whose group fits; a wrapper the watch
 saw through is spelled out; an expression that is not a plain name (a call) keeps the generic
 word. Real watches of real loops, each called here, in this file."""
@@ -10,7 +10,7 @@ import torch
 
 import diagkit
 from diagkit.core import fixtext
-from diagkit.measure.watch_call import simple_expression
+from diagkit.measure.origin.watch_call import simple_expression
 from models import MLP, TwoHeads, fixed_batch, two_heads_groups
 
 

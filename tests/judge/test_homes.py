@@ -10,7 +10,7 @@ import pytest
 import home_targets
 from diagkit import diagnose
 from diagkit.judge.homes import home_groups
-from diagkit.run.try_fix import try_fixes
+from diagkit.run.diagnose.try_fix import try_fixes
 
 
 def homes_of(target: str) -> dict:

@@ -1,7 +1,7 @@
 """What `rank_divergent` says for a tensor that required grad throughout is what was seen
 (issue 21, section 5): the steps on which DDP averaged its gradient (equal .grad norms on every
 rank), how the model was wrapped (`meta["wrappers"]`) and DDP's tensors against the model's
-(`measure.ddp_facts`). "Unfrozen after wrapping" only where requires_grad changed."""
+(`measure.engines.ddp_facts`). "Unfrozen after wrapping" only where requires_grad changed."""
 
 from __future__ import annotations
 

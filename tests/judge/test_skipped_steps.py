@@ -9,7 +9,7 @@ import pandas as pd
 from conftest import T, tables, verdict_sets
 from diagkit.judge.findings import build_findings
 from diagkit.judge.verdicts import judge
-from diagkit.measure.aggregate import fold_ranks
+from diagkit.measure.tables.aggregate import fold_ranks
 
 
 def findings_of(params, steps):

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from conftest import T, tables
-from diagkit.measure.aggregate import aggregate_steps, fold_ranks
+from diagkit.measure.tables.aggregate import aggregate_steps, fold_ranks
 
 
 def two_ranks(steps: pd.DataFrame, edit) -> pd.DataFrame:
@@ -65,7 +65,7 @@ def _row(name, in_model=True, memberships=((0, 0),), lr=0.1):
 
 
 def test_ranks_that_hold_the_same_tensors_are_rank_0s_rows():
-    from diagkit.measure.aggregate import join_rank_rows
+    from diagkit.measure.tables.aggregate import join_rank_rows
     rank0 = [_row("a"), _row("b")]
     rank1 = [_row("b", lr=9.0), _row("a", lr=9.0), _row("<unregistered #0>", in_model=False,
                                                          memberships=())]
@@ -74,7 +74,7 @@ def test_ranks_that_hold_the_same_tensors_are_rank_0s_rows():
 
 def test_pipeline_stages_are_joined_by_name_with_the_ranks_that_hold_them():
     """Each tensor takes the row of the lowest rank holding it (its own optimizer's facts)."""
-    from diagkit.measure.aggregate import join_rank_rows
+    from diagkit.measure.tables.aggregate import join_rank_rows
     joined = join_rank_rows({
         0: [_row("first.weight"), _row("shared.weight", lr=0.1)],
         1: [_row("shared.weight", lr=9.0), _row("head.weight", memberships=(), lr=float("nan"))],

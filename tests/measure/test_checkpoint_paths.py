@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from diagkit.core.errors import DiagkitError
-from diagkit.measure.checkpoint_kind import FILE, locate
-from diagkit.measure.checkpoint_read import read_checkpoint
+from diagkit.measure.checkpoints.kind import FILE, locate
+from diagkit.measure.checkpoints.read import read_checkpoint
 
 BOUND_S = 20
 

@@ -1,5 +1,5 @@
 """Engines whose tensors are not the model's are refused in one line, never judged
-(`diagkit.measure.engines`, docs/distributed.md, "Engines"): an optimizer wrapper diagkit does not
+(`diagkit.measure.engines.refused`, docs/distributed.md, "Engines"): an optimizer wrapper diagkit does not
 know, holding flat buffers, must end in that line, not in `orphan` for the whole model. The
 real bugs that look alike (a stale head after a rebuild, a scalar passed to forward) are still
 judged."""
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import diagkit
-from diagkit.measure.inventory import take_inventory
+from diagkit.measure.model.inventory import take_inventory
 from tests.models import MLP, fixed_batch, sum_loss
 
 
@@ -51,7 +51,7 @@ def test_a_wrapper_holding_flat_buffers_is_one_line_not_a_whole_model_orphan():
 
 def test_a_rank_share_of_the_flat_buffer_is_refused_too(monkeypatch):
     """At world 2 a rank holds half the flat partition: still the engine's signature."""
-    from diagkit.measure import engines
+    from diagkit.measure.engines import refused as engines
     model = MLP()
     half = sum(p.numel() for p in model.parameters()) // 2
     opt = torch.optim.SGD([nn.Parameter(torch.zeros(half))], lr=0.1)

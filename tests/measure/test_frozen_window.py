@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 import diagkit
-from diagkit.measure.fingerprint import Fingerprinter
-from diagkit.measure.inventory import take_inventory
-from diagkit.measure.observer import Observer
-from diagkit.run.whole_run import WINDOW
+from diagkit.measure.change.fingerprint import Fingerprinter
+from diagkit.measure.model.inventory import take_inventory
+from diagkit.measure.step.observer import Observer
+from diagkit.run.watch.whole_run import WINDOW
 
 
 def frozen_base():

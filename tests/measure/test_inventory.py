@@ -9,7 +9,7 @@ import math
 import torch
 from torch import nn
 
-from diagkit.measure.inventory import group_lr, take_inventory
+from diagkit.measure.model.inventory import group_lr, take_inventory
 
 
 class Tied(nn.Module):
@@ -103,7 +103,7 @@ def test_same_tensor_twice_in_one_group_is_one_membership():
 
 
 def test_two_optimizers_share_an_optimizer_only_tensor():
-    model = nn.Linear(3, 3)  # far larger than `loose`: no flat buffer (`measure.engines`)
+    model = nn.Linear(3, 3)  # far larger than `loose`: no flat buffer (`measure.engines.refused`)
     loose = nn.Parameter(torch.ones(2))
     a = torch.optim.SGD([loose], lr=0.1)
     b = torch.optim.SGD([loose], lr=0.2)

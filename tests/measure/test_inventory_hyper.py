@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from diagkit.measure.inventory import take_inventory
+from diagkit.measure.model.inventory import take_inventory
 
 
 def test_weight_decay_is_its_own_groups_not_the_first_positive_one():

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from diagkit.measure import kernels
-from diagkit.measure.buckets import Buckets, Layout
-from diagkit.measure.fingerprint import Fingerprinter
-from diagkit.measure.readback import Pending, readback
+from diagkit.measure.batched import kernels
+from diagkit.measure.batched.buckets import Buckets, Layout
+from diagkit.measure.change.fingerprint import Fingerprinter
+from diagkit.measure.batched.readback import Pending, readback
 
 
 def vnorm(t: torch.Tensor) -> float:
@@ -329,7 +329,7 @@ def test_fingerprint_on_the_cpu_is_the_exact_one_whichever_blas_sums(dtype, monk
     sums below 2^53 both are exact, so a print is the same number on every device. Checked
     against torch's product on random bit patterns (whole chunks, a short last chunk, one
     element) and on the extreme word -2^15 everywhere."""
-    from diagkit.measure import fingerprint
+    from diagkit.measure.change import fingerprint
 
     def bits(n: int, fill: int | None = None) -> torch.Tensor:
         """n elements of `dtype` made of random (or `fill`) 16-bit words, or int8 bytes."""

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import diagkit
-from diagkit.measure.inventory import take_inventory
+from diagkit.measure.model.inventory import take_inventory
 
 
 class PlainList(nn.Module):

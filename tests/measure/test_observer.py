@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from diagkit.core.schema import STEPS_COLUMNS
-from diagkit.measure.inventory import take_inventory
-from diagkit.measure import kernels
-from diagkit.measure.kernels import checksum
-from diagkit.measure.observer import Observer
-from diagkit.measure.step_state import LoopFacts
+from diagkit.measure.model.inventory import take_inventory
+from diagkit.measure.batched import kernels
+from diagkit.measure.batched.kernels import checksum
+from diagkit.measure.step.observer import Observer
+from diagkit.measure.step.state import LoopFacts
 
 HOOKS, HOOKLESS = LoopFacts(), LoopFacts(grads_untouched_until_step=True,
                                          held_grads_start_none=True)

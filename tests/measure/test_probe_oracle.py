@@ -29,8 +29,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diagkit.measure.probes import make_probe
-from diagkit.measure.readback import Pending
+from diagkit.measure.change.probes import make_probe
+from diagkit.measure.batched.readback import Pending
 
 SAMPLE = 4  # sampled/off: tensors of at most 4 elements are snapshots, larger ones fingerprinted
 FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -239,7 +239,7 @@ def test_exact_probe_agrees_chunk_by_chunk(data):
     """The same oracle with `snapshot_pass` cutting tensors into chunks of 2 elements, so a
     tensor's rare chunks (NaN, inf, underflow) sit beside ordinary ones and are decided one
     by one: the whole tensor's answer must not change."""
-    from diagkit.measure import snapshot_pass
+    from diagkit.measure.change import snapshot_pass
     was = snapshot_pass.CHUNK
     snapshot_pass.CHUNK = 2
     try:
@@ -273,7 +273,7 @@ def test_a_tiny_float64_change_is_not_lost_to_underflow():
     """The sampled probe's change norm of float64 samples is scaled before squaring: a change
     of 1e-300 squares to 0 in float64 and read as a change that missed the sample (found by
     the oracle above on a draw of 2.2e-308). Rows of other sizes, and empty rows, still work."""
-    from diagkit.measure.change_parts import row_change_norms
+    from diagkit.measure.change.parts import row_change_norms
     tiny = torch.tensor([[2.2251e-308, 0.0, 0.0, 0.0], [1e-300, 3e-300, 0.0, 0.0]],
                         dtype=torch.float64)
     got = row_change_norms(tiny, -tiny)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from diagkit.measure.probes import make_probe
-from diagkit.measure.readback import Pending
+from diagkit.measure.change.probes import make_probe
+from diagkit.measure.batched.readback import Pending
 
 INF = torch.tensor(math.inf)
 

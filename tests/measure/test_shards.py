@@ -11,9 +11,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 from diagkit.core.errors import DiagkitError
-from diagkit.measure.inventory import take_inventory
-from diagkit.measure.observer import Observer
-from diagkit.measure.shards import local, placement, reduce_dims
+from diagkit.measure.model.inventory import take_inventory
+from diagkit.measure.step.observer import Observer
+from diagkit.measure.engines.shards import local, placement, reduce_dims
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diagkit.measure import kernels, snapshot_pass
+from diagkit.measure.batched import kernels
+from diagkit.measure.change import snapshot_pass
 
 ORACLE = settings(derandomize=True, max_examples=300, deadline=None, database=None,
                   suppress_health_check=[HealthCheck.too_slow])

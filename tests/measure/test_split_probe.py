@@ -31,13 +31,13 @@ from hypothesis import strategies as st
 from torch import nn
 
 import diagkit
-from diagkit.measure import split_probe
-from diagkit.measure.exact_probe import ExactProbe
-from diagkit.measure.inventory import take_inventory
-from diagkit.measure.observer import Observer
-from diagkit.measure.probes import make_probe
-from diagkit.measure.readback import Pending
-from diagkit.measure.step_records import StepRecords
+from diagkit.measure.change import split_probe
+from diagkit.measure.change.exact_probe import ExactProbe
+from diagkit.measure.model.inventory import take_inventory
+from diagkit.measure.step.observer import Observer
+from diagkit.measure.change.probes import make_probe
+from diagkit.measure.batched.readback import Pending
+from diagkit.measure.tables.step_records import StepRecords
 from test_probe_oracle import ORACLE, apply, edits, tensors
 
 MiB = 1 << 20
@@ -370,7 +370,7 @@ def test_the_70b_lora_plan_counts_only_what_trains():
 RSS_CHILD = textwrap.dedent("""
     import json, sys, torch
     from torch import nn
-    import diagkit, diagkit.run.watch, pandas  # imports are not the watch's memory
+    import diagkit, diagkit.run.watch.watch, pandas  # imports are not the watch's memory
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(40000, 1024), nn.Linear(1024, 8))  # 156 MiB frozen

@@ -1,4 +1,4 @@
-"""`measure.wiring`: a wiring change is reported exactly when a brute-force snapshot of the
+"""`measure.clock.wiring`: a wiring change is reported exactly when a brute-force snapshot of the
 wiring differs, whatever sequence of changes a run makes (hypothesis)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch import nn
 
-from diagkit.measure.inventory import group_lr
-from diagkit.measure import wiring as wiring_module
-from diagkit.measure.wiring import Wiring
+from diagkit.measure.model.inventory import group_lr
+from diagkit.measure.clock import wiring as wiring_module
+from diagkit.measure.clock.wiring import Wiring
 from models import MLP
 
 

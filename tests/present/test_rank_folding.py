@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 from conftest import T, tables, verdict_sets
 
-from diagkit.measure.aggregate import build_params, fold_ranks
+from diagkit.measure.tables.aggregate import build_params, fold_ranks
 from diagkit.present import plots
 from diagkit.present.explorer_state import ExplorerState
 

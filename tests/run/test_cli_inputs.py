@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from diagkit.core.errors import DiagkitError
-from diagkit.run import cli_run, deadline
-from diagkit.run.paths import check_lookup
+from diagkit.run.target import cli_run, deadline
+from diagkit.run.target.paths import check_lookup
 
 PRINTED = "a → b ≤ c · d — e α f"
 

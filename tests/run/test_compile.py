@@ -109,7 +109,7 @@ def test_compiled_autograd_is_said_in_one_line_and_never_raises(compiled, caplog
 
 def test_a_compiled_hf_llama_whole_run_adds_no_graph():
     """An HF model's compiled forward makes dynamo guard on torch's global module hooks: the
-    whole run's wiring check sets none on a compiled model (`measure.unwrap.compiled`)."""
+    whole run's wiring check sets none on a compiled model (`measure.engines.unwrap.compiled`)."""
     transformers = pytest.importorskip("transformers")
     torch._dynamo.reset()
     counters.clear()

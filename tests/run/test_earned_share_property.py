@@ -1,4 +1,4 @@
-"""The hookless fast path of `diagkit.watch` (`measure/earned_share.py`) makes observing cheaper
+"""The hookless fast path of `diagkit.watch` (`measure/step/earned_share.py`) makes observing cheaper
 and never changes a verdict nor drops a step (docs/watch.md, "Its cost"): property-based tests
 (hypothesis) run one loop twice on identical models, with the fast path on and off, over
 branches used from the start, first used late, used once, at random or never, the ways a loop
@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import diagkit
-from diagkit.measure.step_state import LoopFacts
-from diagkit.run import watch as watch_module
+from diagkit.measure.step.state import LoopFacts
+from diagkit.run.watch import watch as watch_module
 from models import forward_forward
 
 STEPS = 8

@@ -97,8 +97,8 @@ def test_checkpoint_needing_code_names_trust_flag_and_never_runs(evil, args):
 
 def test_garbage_and_needs_code_are_two_messages(evil):
     from diagkit.core.errors import DiagkitError
-    from diagkit.measure.checkpoint_read import read_checkpoint
-    from diagkit.run.compare import compare_checkpoints
+    from diagkit.measure.checkpoints.read import read_checkpoint
+    from diagkit.run.workbook.compare import compare_checkpoints
     with pytest.raises(DiagkitError) as info:
         read_checkpoint(evil / "evil.pt")
     _needs_code(str(info.value))
@@ -391,7 +391,7 @@ def test_unwritable_folder_is_one_line_before_running(targets, monkeypatch, caps
     where creating a file fails (the probe is a real write, so mkstemp is what fails)."""
     import tempfile
 
-    from diagkit.run import cli
+    from diagkit.run.cli import commands as cli
     real = tempfile.mkstemp
     blocked = str(targets / "blocked")
     (targets / "blocked").mkdir()
@@ -441,7 +441,7 @@ def test_checkpoint_nested_1000_levels_is_one_line(deep, args):
 
 # ------------------------------------------------------------------ 13: the target's steps
 def test_resolve_steps_one_rule():
-    from diagkit.run.pipeline import resolve_steps
+    from diagkit.run.diagnose.pipeline import resolve_steps
     assert resolve_steps(2, 3) == 2      # an explicit --steps wins
     assert resolve_steps(None, 3) == 3   # then the target's own
     assert resolve_steps(None, None) == 5

@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 
 from diagkit.judge.rules_ranks import NEVER_STEPPED, never_stepped
-from diagkit.measure.first_step import FirstStep
-from diagkit.run import gather
-from diagkit.run.watch_ranks import assemble
-from diagkit.run.whole_run_ranks import WAIT, RankJoin
+from diagkit.measure.clock.first_step import FirstStep
+from diagkit.run.diagnose import gather
+from diagkit.run.watch.ranks import assemble
+from diagkit.run.watch.whole_run_ranks import WAIT, RankJoin
 
 
 @pytest.fixture

@@ -30,13 +30,13 @@ def test_import_diagkit_loads_none_of_the_heavy_modules_and_every_name_resolves(
         from diagkit import watch, explore, diagnose, Diagnosis, DiagkitError
         from diagkit.core.result import Diagnosis as D, Finding, load
         from diagkit.judge.verdicts import VERDICTS
-        from diagkit.run.target import Setup, load_target
-        import diagkit.run.watch, diagkit.run.api, diagkit.run.explore
+        from diagkit.run.target.target import Setup, load_target
+        import diagkit.run.watch.watch, diagkit.run.diagnose.api, diagkit.run.workbook.explore
         same = (diagkit.Diagnosis is D and diagkit.Finding is Finding and diagkit.load is load
                 and diagkit.VERDICTS is VERDICTS and diagkit.Setup is Setup
-                and diagkit.load_target is load_target and watch is diagkit.run.watch.watch
-                and diagnose is diagkit.run.api.diagnose
-                and explore is diagkit.run.explore.explore)
+                and diagkit.load_target is load_target and watch is diagkit.run.watch.watch.watch
+                and diagnose is diagkit.run.diagnose.api.diagnose
+                and explore is diagkit.run.workbook.explore.explore)
         try:
             diagkit.no_such_name
             missing = "no error"
@@ -89,7 +89,7 @@ def test_a_typo_on_the_command_line_is_refused_before_torch_is_imported(tmp_path
              ["demo", "--out", str(tmp_path / "a_file")]]
     got = fresh(f"""
         import contextlib, io, json, sys
-        from diagkit.run.cli import main
+        from diagkit.run.cli.commands import main
         out = []
         for argv in {cases!r}:
             err = io.StringIO()
@@ -111,7 +111,7 @@ def test_a_kernel_reading_its_parameters_cell_loads_no_notebook_schema():
     that cell must not bring nbformat and jsonschema (~1.3 CPU s per kernel at import)."""
     got = fresh("""
         import json, sys
-        from diagkit.run import contract
+        from diagkit.run.workbook import contract
         names = {n: list(contract.parameters(n)) for n in (contract.DIAGNOSE, contract.COMPARE)}
         print(json.dumps({"names": names, "loaded": [m for m in ("nbformat", "jsonschema")
                                                      if m in sys.modules]}))

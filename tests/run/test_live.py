@@ -17,7 +17,7 @@ import torch
 
 import diagkit
 from diagkit.present.explorer import Explorer, Reloadable
-from diagkit.run.live import check_live, shown
+from diagkit.run.live.view import check_live, shown
 from doc_blocks import DOCS, snippet
 from models import TwoHeads, two_heads_groups
 
@@ -33,7 +33,7 @@ def in_ipython(code: str) -> dict:
         from IPython.core.interactiveshell import InteractiveShell
         InteractiveShell.instance()
         import torch, diagkit
-        import diagkit.run.live as live
+        import diagkit.run.live.view as live
         from models import TwoHeads, two_heads_groups
         torch.manual_seed(0)
         model = TwoHeads()

@@ -19,7 +19,7 @@ from diagkit import DiagkitError
 from diagkit.judge.verdicts import VERDICTS
 from diagkit.present.sections import diagnosis_html
 from diagkit.present.text import render_findings
-from diagkit.run.api import diagnose
+from diagkit.run.diagnose.api import diagnose
 
 VALUE_VERDICTS = {n for n, v in VERDICTS.items() if v.needs is not None}
 
@@ -215,7 +215,7 @@ def test_a_train_step_target_runs_once_on_meta():
 BIG = textwrap.dedent('''
     import resource, sys, torch
     from torch import nn
-    from diagkit.run.api import diagnose
+    from diagkit.run.diagnose.api import diagnose
 
     def rss_mib():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -248,7 +248,7 @@ def test_a_2b_parameter_model_costs_no_parameter_memory():
 def test_the_notebook_runs_a_target_on_meta():
     """The notebook's `meta` parameter: checked as a bool, and its run is the dry run."""
     pytest.importorskip("peft")
-    from diagkit.run import notebook
+    from diagkit.run.workbook import notebook
     with pytest.raises(DiagkitError, match="notebook parameter 'meta' must be bool"):
         notebook.validate({"meta": "yes"})
     settings = notebook.validate({"target": "diagkit.demos.llama_lora:llama_lora",

@@ -137,7 +137,7 @@ TARGET = textwrap.dedent('''
 
 @pytest.mark.parametrize("meta", [False, True], ids=["run", "meta"])
 def test_check_fails_on_error(tmp_path, capsys, meta):
-    from diagkit.run.cli import main
+    from diagkit.run.cli.commands import main
     (tmp_path / "target.py").write_text(TARGET)
     argv = ["check", f"{tmp_path / 'target.py'}:frozen", "--steps", "2", "--fail-on", "error"]
     assert main(argv + (["--meta"] if meta else [])) == 1

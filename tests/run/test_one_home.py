@@ -7,9 +7,9 @@ import inspect
 
 import diagkit
 from diagkit.core.options import DEFAULTS
-from diagkit.run import contract
-from diagkit.run.api import run_target
-from diagkit.run.cli import build_parser
+from diagkit.run.workbook import contract
+from diagkit.run.diagnose.api import run_target
+from diagkit.run.cli.commands import build_parser
 
 
 def test_library_defaults():

@@ -1,5 +1,5 @@
 """Where each optimizer group was built (issue 15, item 2): recorded while a target is built
-(`measure.provenance`), carried in `meta["optimizer_sources"]`, put on the findings about
+(`measure.origin.provenance`), carried in `meta["optimizer_sources"]`, put on the findings about
 optimizer membership (`Finding.source`), shown in text, HTML and JSON, saved and loaded."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 import diagkit
 from diagkit.core.errors import TargetError
-from diagkit.measure import provenance
+from diagkit.measure.origin import provenance
 from diagkit.present.sections import diagnosis_html, findings_table
 from diagkit.present.text import render_findings
 
@@ -104,7 +104,7 @@ def test_meta_memory_orphan_shows_the_filter_line_in_text_html_and_json(meta):
 
 
 def test_meta_memory_under_two_ranks_carries_the_source_to_rank_0():
-    from diagkit.run.launcher import diagnose_distributed
+    from diagkit.run.diagnose.launcher import diagnose_distributed
     diag = diagnose_distributed("diagkit.demos:meta_memory", nproc=2, steps=2,
                                 measure_cost=False)
     assert any(FILTER in line for s in _orphan(diag).source for line in s["lines"])

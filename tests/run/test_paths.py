@@ -1,4 +1,4 @@
-"""One meaning for a relative path (`diagkit.run.paths`): the launch folder, then the working
+"""One meaning for a relative path (`diagkit.run.target.paths`): the launch folder, then the working
 folder (a kernel's: its notebook's folder), then the demo files diagkit ships."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from diagkit.core.errors import DiagkitError
 from diagkit.core.shipped import shipped
-from diagkit.run import compare, notebook
-from diagkit.run.paths import find_input, output_folder
+from diagkit.run.workbook import compare, notebook
+from diagkit.run.target.paths import find_input, output_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 PRETRAIN = "data/finetune_heads_pretrain.pt"

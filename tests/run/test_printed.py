@@ -8,8 +8,8 @@ import logging
 import sys
 
 from diagkit.present.sections import printed_html
-from diagkit.run.printed import collected
-from diagkit.run.report import write_report
+from diagkit.run.workbook.printed import collected
+from diagkit.run.workbook.report import write_report
 
 CHATTY = '''
 import logging, sys

@@ -1,5 +1,5 @@
 """Rendering a report leaves this process's environment as it was: the launch folder it tells
-its kernel (`diagkit.run.paths.LAUNCH_ENV`) is for that kernel only.
+its kernel (`diagkit.run.target.paths.LAUNCH_ENV`) is for that kernel only.
 
 The kernels are real (papermill), but run a notebook of two cells: what is checked is
 `write_report`'s handling of this process's environment around a kernel, whatever the notebook
@@ -11,8 +11,8 @@ import os
 
 import nbformat
 
-from diagkit.run.paths import LAUNCH_ENV
-from diagkit.run.report import write_report
+from diagkit.run.target.paths import LAUNCH_ENV
+from diagkit.run.workbook.report import write_report
 
 # Writes the launch folder its kernel was told into out_dir, then fails when asked to (a failing
 # cell: the path of a diagnosis whose target cannot be imported).

@@ -9,7 +9,7 @@ import pytest
 
 from diagkit.core.errors import DiagkitError
 from diagkit.core.shipped import shipped
-from diagkit.run.shipped_notebooks import copy_notebooks
+from diagkit.run.workbook.shipped_notebooks import copy_notebooks
 
 
 def test_copies_every_shipped_notebook(tmp_path):

@@ -1,4 +1,4 @@
-"""The fix preview (`diagkit.run.try_fix`): each kind of fix, tried on a fresh copy of a real
+"""The fix preview (`diagkit.run.diagnose.try_fix`): each kind of fix, tried on a fresh copy of a real
 target, turns its verdict ok; a fix that does not help is named; the user's objects are never
 changed; the notebook's `try_fix` cell runs under papermill."""
 
@@ -14,8 +14,8 @@ import torch
 import fix_targets
 from diagkit import DiagkitError
 from diagkit.present.fix_preview import preview_html, render_preview
-from diagkit.run import notebook
-from diagkit.run.try_fix import try_fixes
+from diagkit.run.workbook import notebook
+from diagkit.run.diagnose.try_fix import try_fixes
 
 TESTS = Path(__file__).resolve().parents[1]
 TARGETS = "fix_targets"  # pytest puts tests/ on sys.path (as for `models`)

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import diagkit
-from diagkit.measure.inventory import take_inventory
-from diagkit.measure.observer import Observer
+from diagkit.measure.model.inventory import take_inventory
+from diagkit.measure.step.observer import Observer
 from models import (MLP, ListCells, NormNet, PlainMemory, TakesPrompt, TiedLM, fixed_batch,
                     make_prompt_loss, mse_loss)
 

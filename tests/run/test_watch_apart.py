@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import diagkit
-from diagkit.measure.step_clock import IDLE_AFTER
+from diagkit.measure.clock.step_clock import IDLE_AFTER
 from models import forward_forward
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import diagkit
-from diagkit.measure import earned_share
+from diagkit.measure.step import earned_share
 from models import MLP, fixed_batch, mse_loss
 
 

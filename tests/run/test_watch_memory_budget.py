@@ -13,7 +13,7 @@ from torch import nn
 
 import diagkit
 from diagkit.core.errors import DiagkitError
-from diagkit.measure import split_probe
+from diagkit.measure.change import split_probe
 
 
 def train(model, opt, n):

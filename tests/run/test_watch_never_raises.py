@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import diagkit
-import diagkit.run.watch as watch_module
+import diagkit.run.watch.watch as watch_module
 from diagkit.core.errors import DiagkitError
-from diagkit.measure.observer import Observer
-from diagkit.measure.run_clock import RunClock
-from diagkit.measure.step_clock import StepClock
+from diagkit.measure.step.observer import Observer
+from diagkit.measure.clock.run_clock import RunClock
+from diagkit.measure.clock.step_clock import StepClock
 from models import MLP, fixed_batch, mse_loss
 
 

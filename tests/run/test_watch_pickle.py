@@ -1,6 +1,6 @@
 """A watched model saves, pickles, deep-copies and `state_dict()`s as an unwatched one does:
 no copy carries diagkit's hooks, and nothing of diagkit is left after `stop()`
-(`diagkit.measure.hook_ref`)."""
+(`diagkit.measure.model.hook_ref`)."""
 
 import copy
 import gc

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 import diagkit
-from diagkit.run.watch_save import save
+from diagkit.run.watch.save import save
 
 
 def small_diagnosis():

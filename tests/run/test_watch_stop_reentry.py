@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 import diagkit
-from diagkit.run.whole_run import BURST
+from diagkit.run.watch.whole_run import BURST
 
 
 def orphan_head():

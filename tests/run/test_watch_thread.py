@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import diagkit
-from diagkit.run import watch_ends
+from diagkit.run.watch import ends as watch_ends
 
 
 def train_in_a_thread(out):

@@ -12,8 +12,8 @@ import torch
 import diagkit
 from diagkit.core import fixtext
 from diagkit.core.errors import DiagkitError
-from diagkit.measure.kept_steps import AROUND, SAMPLE
-from diagkit.run.whole_run import BURST, WINDOW
+from diagkit.measure.clock.kept_steps import AROUND, SAMPLE
+from diagkit.run.watch.whole_run import BURST, WINDOW
 from models import MLP, fixed_batch, mse_loss
 
 

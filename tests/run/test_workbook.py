@@ -15,7 +15,7 @@ from papermill.exceptions import PapermillExecutionError
 
 from diagkit import DiagkitError
 from diagkit.core.options import DEFAULTS
-from diagkit.run import compare, contract, notebook
+from diagkit.run.workbook import compare, contract, notebook
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 

@@ -120,7 +120,7 @@ def lookup(path: Path, label: str,
            absent: tuple = (FileNotFoundError, NotADirectoryError)) -> os.stat_result | None:
     """`os.stat(path)` through links; None when nothing is there (`absent`: or a link points
     nowhere, or a file stands where a folder should). The one place a user's path is looked
-    up (outputs here, inputs in `run.paths` and `measure.checkpoint_kind`). A link loop, an over-long name, a folder that may not be searched: the user's to fix, in
+    up (outputs here, inputs in `run.target.paths` and `measure.checkpoints.kind`). A link loop, an over-long name, a folder that may not be searched: the user's to fix, in
     one line (pathlib's `exists()` says False to a loop, and `resolve()` raises RuntimeError)."""
     try:
         return os.stat(path)

@@ -68,7 +68,7 @@ def dotted_breaks(escaped: str) -> str:
 
 def place(file: str, line, cell: int | None = None) -> str:
     """Where a line is, in words: "cell [3], line 4" in a notebook cell (`cell`: its number,
-    as `measure.cells` recorded it), else "file.py:4" (the file's name only). Pure: a saved
+    as `measure.origin.cells` recorded it), else "file.py:4" (the file's name only). Pure: a saved
     record reads the same anywhere."""
     if cell is not None:
         return f"cell [{cell}], line {line}"

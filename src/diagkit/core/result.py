@@ -1,5 +1,5 @@
 """What a run hands back: `Diagnosis` and `Comparison`, with the `Finding`s, the `StepFailure`
-and the `LoadReport` they hold. Built once, complete, by `diagkit.run.pipeline` (or read back
+and the `LoadReport` they hold. Built once, complete, by `diagkit.run.diagnose.pipeline` (or read back
 by `load`); nothing appends to them afterwards.
 
 A result shows itself through `_repr_html_` (a notebook) and `Diagnosis.__str__` (`print`), the

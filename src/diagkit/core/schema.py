@@ -81,7 +81,7 @@ STEPS_COLUMNS: dict[str, str] = {
     "lr": "learning rate of its (first) group at optimizer-step time (NaN if none)",
     "nonfinite": "the step's fresh gradient held NaN or Inf",
     "skipped": "no optimizer holding it stepped, while one that holds it got gradients in the "
-               "step (a loss scaler's skip after an overflow; see diagkit.measure.skips)",
+               "step (a loss scaler's skip after an overflow; see diagkit.measure.step.skips)",
 }
 
 # Present only in distributed runs (gathered from every rank).

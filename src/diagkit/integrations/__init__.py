@@ -24,9 +24,9 @@ import inspect
 
 from ..core.errors import DiagkitError
 from ..core.format import brief
-from ..measure.provenance import record_optimizer_sources, sources_for
-from ..run.gather import distributed
-from ..run.watch import Watch, check_watch_options, watch
+from ..measure.origin.provenance import record_optimizer_sources, sources_for
+from ..run.diagnose.gather import distributed
+from ..run.watch.watch import Watch, check_watch_options, watch
 
 
 def alert_metrics(findings) -> dict[str, float]:
@@ -79,7 +79,7 @@ class Attachment:
 
     def record_sources(self) -> None:
         """Note where the optimizers' groups are built from now until `start` (the trainer
-        calls the user's `configure_optimizers` in between; `measure.provenance`)."""
+        calls the user's `configure_optimizers` in between; `measure.origin.provenance`)."""
         self.end_recording()
         context = record_optimizer_sources()
         self._recording = (context, context.__enter__())

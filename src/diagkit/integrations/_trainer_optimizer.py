@@ -4,7 +4,7 @@ Two ways, told apart by identity at `on_train_begin`:
 
 - handed in as `Trainer(..., optimizers=(optimizer, scheduler))`: it is `trainer.optimizer` at
   `on_init_end`, and the Trainer builds none (its `create_optimizer` returns it). The user's
-  call is read for the lines that built it (`measure.handed`).
+  call is read for the lines that built it (`measure.origin.handed`).
 - built by the Trainer's own `create_optimizer` (transformers' trainer.py), inside `train()`:
   two groups, decay and no decay (the names `get_decay_parameter_names` picks), of the
   parameters of the model it is given (`trainer.model`) that require grad at that moment.
@@ -23,8 +23,8 @@ import contextlib
 import linecache
 import os
 
-from ..measure.handed import handed_sources, listed_group_lines
-from ..measure.provenance import _installed, class_name
+from ..measure.origin.handed import handed_sources, listed_group_lines
+from ..measure.origin.provenance import _installed, class_name
 
 
 class Snapshot:

@@ -64,7 +64,7 @@ class DiagkitCallback(TrainerCallback, Watching):
         """The Trainer builds its optimizer inside `train()`, in `create_optimizer`, before
         `on_train_begin`: where its groups are built is noted during that call (a
         `create_optimizer` the user overrode is then the finding's lever;
-        `measure.provenance`), and what the Trainer's own built from as it returns. An
+        `measure.origin.provenance`), and what the Trainer's own built from as it returns. An
         optimizer passed as `optimizers=` is here already: the user's call is read now
         (`_trainer_optimizer`)."""
         trainer = _calling_trainer()

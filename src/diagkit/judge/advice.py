@@ -16,7 +16,7 @@ def build_advice(params: pd.DataFrame, steps: pd.DataFrame, ddp: dict | None = N
                  cost: dict | None = None, wrappers=None) -> dict:
     """The right DDP flags for this model as observed, each with its evidence. In a
     distributed run, `ddp` is what DDP itself reported and `cost` the measured price of
-    find_unused_parameters=True (see `diagkit.run.worker`); `wrappers`: what the model was
+    find_unused_parameters=True (see `diagkit.run.diagnose.worker`); `wrappers`: what the model was
     given in (a DeepSpeed engine has no such flag)."""
     model_names = set(params.loc[params["in_model"].astype(bool), "name"])
     s = steps[steps["name"].isin(model_names)]

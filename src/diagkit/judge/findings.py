@@ -16,7 +16,7 @@ from ..core import severity
 from ..core.format import human_bytes
 from ..core.result import Finding, StepFailure
 from ..core.schema import parse_former
-from ..measure.aggregate import fold_ranks
+from ..measure.tables.aggregate import fold_ranks
 from .sources import finding_sources
 from .verdict import RUN_VERDICTS
 from .verdicts import VERDICTS
@@ -30,7 +30,7 @@ class FindingContext:
     """What an explanation may read beside its group and the folded steps (as
     `group.attrs["context"]`): the steps as each rank observed them (`by_rank`), the wrappers
     the model was given in (`wrappers`, None when not known), DDP's facts (`ddp`, see
-    `measure.ddp_facts`) and the user's names for the model and the optimizers (`names`,
+    `measure.engines.ddp_facts`) and the user's names for the model and the optimizers (`names`,
     `meta["names"]` of a watch: `judge.wording.roots`; None: `model`, `optimizer`), and the
     whole params table (`params`: which groups fit an orphan, `judge.homes`). Shared, never
     copied: pandas deep-copies a frame's attrs on every operation."""

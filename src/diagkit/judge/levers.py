@@ -1,6 +1,6 @@
 """The lever an orphan's fix names where a framework builds or takes the optimizer.
 
-Read from the finding's source records (`measure.provenance`, and for the HF Trainer
+Read from the finding's source records (`measure.origin.provenance`, and for the HF Trainer
 `integrations._trainer_optimizer`):
 
 - a hook the user wrote, where the groups were built: Lightning's `configure_optimizers`, an

@@ -5,7 +5,7 @@ Each rule is followed by the explanation of its findings (see `diagkit.judge.ver
 from __future__ import annotations
 
 from ..core.fixtext import compose
-from ..measure.aggregate import fold_ranks
+from ..measure.tables.aggregate import fold_ranks
 from . import fix_code
 from .precision import PRECISION_FIX, rounded_away, rounding_why
 from .verdict import has_elements, in_optimizer, per_tensor, skipped, verdict

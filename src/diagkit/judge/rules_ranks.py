@@ -86,7 +86,7 @@ def _explain_divergent(label, group, steps):
 def _divergent_while_trainable(head: str, group: pd.DataFrame, rebuild: str) -> tuple:
     """It required grad on every observed step: name what was seen. Whether DDP averaged its
     gradient on each step (the .grad the optimizer steps on is then the same on every rank),
-    how the model was wrapped, and DDP's tensors against the model's (`measure.ddp_facts`).
+    how the model was wrapped, and DDP's tensors against the model's (`measure.engines.ddp_facts`).
     "Unfrozen after wrapping" only where requires_grad changed since DDP was built."""
     ctx = group.attrs.get("context")
     names = list(group["name"])
@@ -221,7 +221,7 @@ def _explain_dependent(label, group, steps):
 
 def never_stepped(ranks: dict | None) -> list[Finding]:
     """A rank that ran backward passes while watched but never began an optimizer step, while
-    another rank stepped (`meta["ranks"]` of a watch: `run.watch_ranks.rank_state`): one
+    another rank stepped (`meta["ranks"]` of a watch: `run.watch.ranks.rank_state`): one
     error for the run, in no tensor's verdicts. It is not one of the fixed vocabulary's verdicts
     (those judge tensors from their observed steps, and such a rank observes none); its wiring
     is the other ranks', so the fault is its loop's: a step guarded by the rank, or a rank

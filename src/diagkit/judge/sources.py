@@ -1,6 +1,6 @@
 """Which optimizer groups' construction a finding points at (`Finding.source`).
 
-The records come as data (`meta["optimizer_sources"]`, made by `measure.provenance` while the
+The records come as data (`meta["optimizer_sources"]`, made by `measure.origin.provenance` while the
 target was built): one per (optimizer, group), with the file, line and the lines that built it.
 A finding about optimizer membership gets the records of the groups concerned; an `orphan`,
 held by no group, gets the groups that hold its nearest neighbours in the model (else every

@@ -1,7 +1,7 @@
 """Verdicts over time: the findings of a whole-run watch, each with the observed steps over
 which it held (docs/whole-run.md, "The whole run").
 
-A whole-run watch judges its observed steps window by window (`diagkit.run.whole_run`). Here,
+A whole-run watch judges its observed steps window by window (`diagkit.run.watch.whole_run`). Here,
 pure functions of those windows' findings: a finding of the same verdict over the same module
 subtree in consecutive windows is one span, from the step it was first seen (`since`) to the
 last observed step it held on (`until`); a window without it ends it (`ended`: the first

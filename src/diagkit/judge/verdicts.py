@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..core import severity
-from ..measure.aggregate import fold_ranks
+from ..measure.tables.aggregate import fold_ranks
 from . import (rules_run, rules_use, rules_change, rules_groups,  # noqa: F401  (registration)
                rules_ranks)
 from .verdict import (NEEDS, REGISTRY, RUN_VERDICTS, Verdict, optimizers_present,

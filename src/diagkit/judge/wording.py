@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.format import human_bytes
-from ..measure.watch_call import simple_expression
+from ..measure.origin.watch_call import simple_expression
 
 
 def accessor(name: str, root="model") -> str:
@@ -30,7 +30,7 @@ def accessor(name: str, root="model") -> str:
 
 class Roots:
     """What a fix's code calls the model and each optimizer: the user's own expressions
-    (`meta["names"]` of a watch, `measure.watch_call`), else `model` and `optimizer`. A name
+    (`meta["names"]` of a watch, `measure.origin.watch_call`), else `model` and `optimizer`. A name
     that is not a simple expression (a saved file edited by hand) is not used."""
 
     def __init__(self, names: dict | None = None):

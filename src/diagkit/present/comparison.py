@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..core import extras, severity
 from ..core.format import fmt_number, fmt_shape, human_bytes, truncate_left
-from ..measure.checkpoint_diff import STATUSES
+from ..measure.checkpoints.diff import STATUSES
 from .sections import findings_table, severity_chip
 from .tables import style_rows
 from .text import comparison_totals

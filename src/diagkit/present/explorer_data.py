@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..measure.aggregate import fold_ranks
+from ..measure.tables.aggregate import fold_ranks
 
 METRICS: dict[str, str] = {
     "grad_norm": "L2 norm of the step's own gradient",

@@ -1,6 +1,6 @@
 """The live view of a watch in a notebook (docs/workbook.md, "The live view"): an ipywidgets
 panel that shows what the observed steps recorded so far, and becomes the explorer at the end.
-Never measures: `run.live` builds each `LiveView` and hands it here.
+Never measures: `run.live.view` builds each `LiveView` and hands it here.
 
     panel = LivePanel()
     panel.show(view)          # steps observed, findings as chips, a grad-norm plot, the changes

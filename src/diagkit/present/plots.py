@@ -22,7 +22,7 @@ try:  # the figures are the workbook extra's (README, "Install"): one line witho
 except ImportError as exc:
     raise extras.missing_error(exc, "diagkit's plotting") from None
 
-from ..measure.aggregate import fold_ranks
+from ..measure.tables.aggregate import fold_ranks
 from .figure import axes, finish, label, no_data, verdict_text
 from .ranking import problems_first, row_severity
 
