@@ -199,7 +199,7 @@ def make_prompt_loss():
 
 class GanPair(nn.Module):
     """A tiny DCGAN: `G` maps noise to samples, `D` scores them (one logit). The canonical
-    loop (`tests/run/test_carried_grad.py`) backpropagates G's loss through D after D stepped."""
+    loop (`tests/run/diagnose/test_carried_grad.py`) backpropagates G's loss through D after D stepped."""
 
     def __init__(self, d_noise=3, d_data=4, d_hidden=8):
         super().__init__()

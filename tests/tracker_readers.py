@@ -1,6 +1,6 @@
 """How the tracker tests read back what a run holds, from the trackers' own local files: a W&B
 offline run's transaction log, a Trackio project's SQLite store. Shared by the standalone tests
-(tests/run/test_trackers_wandb.py, test_trackers_trackio.py) and those under a framework
+(tests/run/trackers/test_trackers_wandb.py, test_trackers_trackio.py) and those under a framework
 (tests/integrations/test_trackers_frameworks_wandb_trackio.py).
 
 W&B offline keeps every record of a run in `run-<id>.wandb` (what `wandb sync` uploads); wandb

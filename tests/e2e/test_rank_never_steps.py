@@ -3,7 +3,7 @@ DDP (docs/watch.md, "Inside your torchrun job"; issue 36, R16): rank 1 runs forw
 backward but its step is guarded by the rank. Rank 0 observes its steps and gathers; rank 1,
 still training, waits in its next backward's gradient reduction for rank 0. Rank 0 must not
 wait the watch's whole timeout for it, nor call it dead: the diagnosis says rank 1 ran its
-backward passes but never stepped. The same cases in one process: tests/run/test_gather_ranks.py.
+backward passes but never stepped. The same cases in one process: tests/run/diagnose/test_gather_ranks.py.
 """
 
 from __future__ import annotations

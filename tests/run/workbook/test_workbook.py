@@ -17,7 +17,7 @@ from diagkit import DiagkitError
 from diagkit.core.options import DEFAULTS
 from diagkit.run.workbook import compare, contract, notebook
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[3] / "notebooks").glob("*.ipynb"))
 
 
 def test_there_are_notebooks():
@@ -103,7 +103,7 @@ def _run(path, tmp_path, **parameters):
 
 
 # The workbook run headless on each demo, with its figures and written tables: the demo report
-# (tests/run/test_report.py, `diagkit demo`) runs it through papermill once per demo.
+# (tests/run/workbook/test_report.py, `diagkit demo`) runs it through papermill once per demo.
 
 
 DIAGNOSE = NOTEBOOKS[[p.name for p in NOTEBOOKS].index("diagnose.ipynb")]
@@ -126,7 +126,7 @@ def test_every_notebook_executes_with_tiny_parameters(tmp_path, path):
 def test_the_notebooks_executed_elsewhere_are_executed_there():
     """Each notebook left out above is run on its defaults, from a folder other than the
     repository, by the test named: that test exists and runs that notebook."""
-    tests = Path(__file__).resolve().parents[1]
+    tests = Path(__file__).resolve().parents[2]
     for name, (module, test) in EXECUTED_ELSEWHERE.items():
         assert name in [p.name for p in NOTEBOOKS], name
         source = (tests / module).read_text()
@@ -202,7 +202,7 @@ def test_a_notebook_checks_itself_against_the_cell_it_ran(tmp_path, monkeypatch)
 
 def test_the_docs_parameter_table_is_the_notebook_cell():
     """docs/workbook.md, "Parameters": the table is the cell, name for name, default for default."""
-    page = (Path(__file__).resolve().parents[2] / "docs/workbook.md").read_text()
+    page = (Path(__file__).resolve().parents[3] / "docs/workbook.md").read_text()
     section = page[page.index("\n## Parameters\n"):]
     section = section[:section.index("\n## ", 1)]
     rows = re.findall(r"^\| `(\w+)` \| `(.*?)` \| .* \|$", section, re.M)

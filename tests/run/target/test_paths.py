@@ -14,7 +14,7 @@ from diagkit.core.shipped import shipped
 from diagkit.run.workbook import compare, notebook
 from diagkit.run.target.paths import find_input, output_folder
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PRETRAIN = "data/finetune_heads_pretrain.pt"
 
 

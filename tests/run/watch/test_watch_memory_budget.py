@@ -1,7 +1,7 @@
 """`watch(memory_budget=...)`: checked as watch's other options (a one-line DiagkitError, also
 from the callbacks), passed to the probe, and the tensors it moved to the fingerprint are named
 in the result (`meta["over_budget"]`). The CUDA device is faked on the CPU, as in
-tests/measure/test_split_probe.py."""
+tests/measure/change/test_split_probe.py."""
 
 from __future__ import annotations
 

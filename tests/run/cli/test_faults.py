@@ -326,7 +326,7 @@ def test_timeout_bounds_each_demo_run(tmp_path, monkeypatch):
     # fewer steps to judge and plot. Each demo is a notebook kernel of its own (imports,
     # the run, the plots: some 8 CPU s), so two of the three demos here: each of several
     # sections is bounded, and the report is the demo's, one folder per section (the three
-    # are run whole by tests/run/test_report.py and tests/e2e/test_wheel.py).
+    # are run whole by tests/run/workbook/test_report.py and tests/e2e/test_wheel.py).
     monkeypatch.setattr("diagkit.demos.DEMOS", ("meta_memory", "clean"))
     proc = run("demo", "--steps", "1000000", "--timeout", "5", "--out", "rep", cwd=tmp_path)
     line = one_error_line(proc)

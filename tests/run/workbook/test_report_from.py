@@ -23,7 +23,7 @@ from cli_inprocess import run_cli
 from samples import failing_run
 from test_cli import assert_one_line_error
 
-CHECKPOINT = Path(__file__).resolve().parents[2] / "data" / "finetune_heads_pretrain.pt"
+CHECKPOINT = Path(__file__).resolve().parents[3] / "data" / "finetune_heads_pretrain.pt"
 DIAGKIT = Path(sys.executable).parent / "diagkit"
 
 

@@ -1,7 +1,7 @@
 """`diagkit.explore` on a saved folder (docs/workbook.md, "The explorer anywhere"): it shows
 the findings and their fixes as the explorer of a diagnosis in memory does, and a reload of a
 running job's folder always answers: the newer save, or "no newer save" and when the save
-shown was written (the other cases of diagkit.explore: tests/run/test_live.py)."""
+shown was written (the other cases of diagkit.explore: tests/run/live/test_live.py)."""
 
 from __future__ import annotations
 

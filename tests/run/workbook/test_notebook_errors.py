@@ -12,7 +12,7 @@ import pytest
 from papermill.exceptions import PapermillExecutionError
 
 
-DIAGNOSE = Path(__file__).resolve().parents[2] / "notebooks" / "diagnose.ipynb"
+DIAGNOSE = Path(__file__).resolve().parents[3] / "notebooks" / "diagnose.ipynb"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -46,7 +46,7 @@ def test_a_bad_notebook_input_shows_one_line(tmp_path, params, words):
     assert words in lines[0]
 
 
-# The HTML report shows the same one line: tests/run/test_report.py, a failing cell.
+# The HTML report shows the same one line: tests/run/workbook/test_report.py, a failing cell.
 
 
 def shell_shows(code: str) -> list[str]:

@@ -225,7 +225,7 @@ def test_report_with_nproc_2_shows_the_per_rank_view(tmp_path):
 @pytest.fixture(scope="module")
 def checkpoint_report(tmp_path_factory):
     """A one-target report with the default options (code hidden), a checkpoint loaded."""
-    ckpt = Path(__file__).resolve().parents[2] / "data" / "finetune_heads_pretrain.pt"
+    ckpt = Path(__file__).resolve().parents[3] / "data" / "finetune_heads_pretrain.pt"
     out = tmp_path_factory.mktemp("ckpt") / "ft"
     run = run_cli("report", "diagkit.demos:finetune_heads", "--checkpoint", str(ckpt),
                   "--steps", "2", "--out", str(out))

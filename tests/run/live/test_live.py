@@ -21,7 +21,7 @@ from diagkit.run.live.view import check_live, shown
 from doc_blocks import DOCS, snippet
 from models import TwoHeads, two_heads_groups
 
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parents[2]
 
 
 def in_ipython(code: str) -> dict:

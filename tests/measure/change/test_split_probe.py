@@ -12,7 +12,7 @@ allocates.
 The frozen base is read when observing begins and ends, not at each step (`FrozenWindow`;
 docs/cost.md, "When the frozen base is read"): a change is marked on the last recorded step.
 The window's own tests (reads counted, `diagnose`, `watch`, the whole run, restore) are in
-tests/measure/test_frozen_window.py.
+tests/measure/change/test_frozen_window.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-DIAGNOSE = Path(__file__).resolve().parents[2] / "notebooks" / "diagnose.ipynb"
+DIAGNOSE = Path(__file__).resolve().parents[3] / "notebooks" / "diagnose.ipynb"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 NO_RESULT = "no diagnosis for the current parameters"
 

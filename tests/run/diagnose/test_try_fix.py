@@ -17,7 +17,7 @@ from diagkit.present.fix_preview import preview_html, render_preview
 from diagkit.run.workbook import notebook
 from diagkit.run.diagnose.try_fix import try_fixes
 
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parents[2]
 TARGETS = "fix_targets"  # pytest puts tests/ on sys.path (as for `models`)
 NOTEBOOK = TESTS.parent / "notebooks" / "diagnose.ipynb"
 
