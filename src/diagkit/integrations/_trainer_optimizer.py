@@ -24,7 +24,8 @@ import linecache
 import os
 
 from ..measure.origin.handed import handed_sources, listed_group_lines
-from ..measure.origin.provenance import _installed, class_name
+from ..measure.origin.provenance import class_name
+from ..measure.origin.user_code import installed
 
 
 class Snapshot:
@@ -98,7 +99,7 @@ class OptimizerOrigin:
             facts = handed[2].facts(model)
             return [{**r, **facts} for r in handed[1] or _bare(opt)]
         if built is None or opt is not built[0] or not recorded or not all(
-                _installed(r.get("file", "")) for r in recorded):
+                installed(r.get("file", "")) for r in recorded):
             return recorded
         _, snapshot, rule, chosen = built
         if any(_overridden(r) for r in recorded):  # noted as the override returned, not the
@@ -117,7 +118,7 @@ def _bare(opt) -> list[dict]:
 
 def _overridden(record: dict) -> bool:
     """The Trainer's `create_optimizer` ran inside a user's override (`super()`)."""
-    return any(function == "create_optimizer" and not _installed(file)
+    return any(function == "create_optimizer" and not installed(file)
                for function, file, _ in record.get("callers") or ())
 
 

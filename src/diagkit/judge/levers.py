@@ -15,10 +15,10 @@ optimizer was built (`Finding.source`)").
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from ..core.fixtext import compose
 from ..core.format import place
+from ..measure.origin.user_code import installed
 from . import fix_code
 from .wording import params_expr
 
@@ -34,7 +34,7 @@ def user_hook(group) -> tuple[str, str] | None:
     for record in group.attrs.get("sources") or ():
         frames = [[record.get("function"), record.get("file", ""), record.get("line")],
                   *record.get("callers", [])]
-        theirs = _installed(record.get("file", "")) or "lever" in record  # a Trainer's own
+        theirs = installed(record.get("file", "")) or "lever" in record  # a Trainer's own
         for function, file, line in ([] if theirs else frames):
             if function in _HOOKS:
                 return function, _at(record, file, line)
@@ -168,5 +168,3 @@ def _at(record: dict, file: str, line) -> str:
     return place(file, line, (record.get("cells") or {}).get(file))
 
 
-def _installed(file: str) -> bool:
-    return any(part in ("site-packages", "dist-packages") for part in Path(file).parts)

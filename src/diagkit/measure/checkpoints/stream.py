@@ -20,6 +20,14 @@ from ...core.format import brief
 from .read import find_optimizer_state, find_state_dict, openable_name
 from .read import read_checkpoint
 
+# safetensors' dtype names (its file format's) -> torch's; a name this torch lacks stays a string
+SAFETENSORS_DTYPES = {name: getattr(torch, attr) for name, attr in (
+    ("F64", "float64"), ("F32", "float32"), ("F16", "float16"), ("BF16", "bfloat16"),
+    ("I64", "int64"), ("I32", "int32"), ("I16", "int16"), ("I8", "int8"), ("U8", "uint8"),
+    ("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"), ("BOOL", "bool"),
+    ("F8_E4M3", "float8_e4m3fn"), ("F8_E4M3FNUZ", "float8_e4m3fnuz"), ("F8_E5M2", "float8_e5m2"),
+    ("F8_E5M2FNUZ", "float8_e5m2fnuz"), ("C64", "complex64")) if hasattr(torch, attr)}
+
 
 def _libc():
     if not sys.platform.startswith("linux"):
@@ -128,7 +136,6 @@ class _SafetensorsFile:
 
     def __init__(self, path):
         from safetensors import safe_open
-        from safetensors.torch import _TYPES
         file = Path(path)
         if not file.is_file() or file.stat().st_size == 0:
             read_checkpoint(path)  # raises its one-line error for a missing or empty file
@@ -141,7 +148,6 @@ class _SafetensorsFile:
                                    f"{type(exc).__name__}: {brief(exc)}") from None
         if not self._keys:
             raise DiagkitError(f"checkpoint {path} holds no tensors")
-        self._types = _TYPES
         self.pages = _MappedPages(path)
 
     def keys(self) -> list[str]:
@@ -149,7 +155,7 @@ class _SafetensorsFile:
 
     def meta(self, key: str) -> tuple[tuple[int, ...], torch.dtype | str]:
         sl = self.handle.get_slice(key)
-        return tuple(sl.get_shape()), self._types.get(sl.get_dtype(), sl.get_dtype())
+        return tuple(sl.get_shape()), SAFETENSORS_DTYPES.get(sl.get_dtype(), sl.get_dtype())
 
     def rows(self, key: str, start: int | None, stop: int | None) -> torch.Tensor:
         if start is None:

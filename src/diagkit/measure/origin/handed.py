@@ -25,8 +25,9 @@ import torch
 
 from ...core.format import place
 from .cells import cell_number
-from .provenance import (_assignment, _from_call, _installed, _lines, _outer_call, _parse,
-    class_name, code_file, statement, user_site)
+from .provenance import class_name, code_file, user_site
+from .user_code import (assignment, from_call, installed, lines_of, outer_call, parse,
+                        statement)
 
 _DEPTH = 3  # names and functions followed from the argument to the optimizer's class call
 
@@ -36,7 +37,7 @@ def handed_sources(frame, optimizer, keyword: str, element: int = 0) -> list[dic
     the framework's constructor) that passed it as `keyword=` (its `element`-th item when a
     tuple). [] when that call is not user code or cannot be read."""
     site = user_site(frame)
-    if site is None or _installed(site["file"]):
+    if site is None or installed(site["file"]):
         return []
     with contextlib.suppress(Exception):  # an extra: the trainer never fails for want of it
         file = site["file"]
@@ -51,9 +52,9 @@ def handed_sources(frame, optimizer, keyword: str, element: int = 0) -> list[dic
         built = _follow(value, file, scope, stmt.lineno, _namespace(frame, file), _DEPTH)
         if built is not None and type(optimizer) is not built[3]:
             built = None  # the class read is not the optimizer's own: show the argument only
-        handed = {**_lines(file, kw, "handed"), "call_line": stmt.lineno}
+        handed = {**lines_of(file, kw, "handed"), "call_line": stmt.lineno}
         return [{"optimizer": 0, "group": j, "class": class_name(optimizer),
-                 **(_from_call(*built[:2], built[2], j, "call") if built else handed), **lever}
+                 **(from_call(*built[:2], built[2], j, "call") if built else handed), **lever}
                 for j in range(len(optimizer.param_groups))]
     return []
 
@@ -61,7 +62,7 @@ def handed_sources(frame, optimizer, keyword: str, element: int = 0) -> list[dic
 def _handed_item(node, scope, before: int, element: int):
     """The optimizer's expression in the argument: `(opt, sched)` or a name bound to one."""
     if isinstance(node, ast.Name):
-        made = _assignment(scope, node, before)
+        made = assignment(scope, node, before)
         node = made.value if isinstance(made, ast.Assign) else node
     if isinstance(node, (ast.Tuple, ast.List)) and len(node.elts) > element:
         return node.elts[element]
@@ -80,7 +81,7 @@ def _follow(node, file: str, scope, before: int, names: dict, depth: int):
     if depth == 0 or node is None:
         return None
     if isinstance(node, ast.Name):
-        made = _assignment(scope, node, before)
+        made = assignment(scope, node, before)
         if not isinstance(made, ast.Assign):
             return None
         return _follow(made.value, file, scope, made.lineno, names, depth - 1)
@@ -109,9 +110,9 @@ def _resolve(node, names: dict):
 def _returned(function, depth: int):
     """What a user's function with one `return <expression>` built (followed as above)."""
     file = os.path.abspath(function.__code__.co_filename)
-    if _installed(file) or not linecache.getlines(file):
+    if installed(file) or not linecache.getlines(file):
         return None
-    tree = _parse("".join(linecache.getlines(file)))
+    tree = parse("".join(linecache.getlines(file)))
     first = function.__code__.co_firstlineno
     defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
             and n.name == function.__name__
@@ -143,7 +144,7 @@ def listed_group_lines(file: str, call_line: int, group: int, groups: int) -> di
     list's (the HF Trainer's), where the last assignment before the call (what `_from_call`
     shows) may be a branch that did not run. None when there is no such list."""
     tree, stmt, func = statement(file, call_line)
-    call = _outer_call(stmt)
+    call = outer_call(stmt)
     name = call.args[0] if call is not None and call.args else None
     if func is None or not isinstance(name, ast.Name):
         return None
@@ -154,4 +155,4 @@ def listed_group_lines(file: str, call_line: int, group: int, groups: int) -> di
                    key=lambda n: n.lineno)
     if not lists or len(lists[0].value.elts) != groups:
         return None
-    return {**_lines(file, lists[0].value.elts[group], "trainer"), "call_line": call_line}
+    return {**lines_of(file, lists[0].value.elts[group], "trainer"), "call_line": call_line}

@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import functools
 import linecache
 import os
 import sys
-import textwrap
 
 import torch
 
 from .cells import cell_number
+from .user_code import (assignment, cell_of, from_call, installed, lines_of, outer_call,
+                        parse, statement)
 
-MAX_LINES = 8  # lines kept per group; a longer construction is cut with "..."
 _TORCH = os.path.dirname(torch.__file__) + os.sep
-_DIAGKIT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_DIAGKIT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 _DEMOS = os.path.join(_DIAGKIT, "demos") + os.sep
 
 
@@ -115,20 +114,20 @@ def watch_sources(frame, optimizers) -> list[dict]:
     records: list[dict] = []
     with contextlib.suppress(Exception):  # an extra: a watch never fails for want of it
         tree, stmt, func = statement(site["file"], site["line"])
-        call = _outer_call(stmt)
+        call = outer_call(stmt)
         arg = call.args[1] if len(call.args) > 1 else next(
             (k.value for k in call.keywords if k.arg == "optimizer_or_list"), None)
         for i, opt in enumerate(optimizers):
             node = arg.elts[i] if isinstance(arg, (ast.List, ast.Tuple)) else arg
             file, scope = site["file"], func or tree
-            built = _assignment(scope, node, stmt.lineno)
+            built = assignment(scope, node, stmt.lineno)
             if built is None and func is None:  # a notebook: built in an earlier cell?
                 file, scope, built = _earlier_cell(file, node) or (file, scope, None)
             for j in range(len(opt.param_groups)):
                 rec = {"optimizer": i, "group": j, "class": class_name(opt)}
-                rec.update(_from_call(file, scope, built, j, "watch")
-                           if built is not None and _outer_call(built) is not None
-                           else _lines(site["file"], stmt, "watch_call"))
+                rec.update(from_call(file, scope, built, j, "watch")
+                           if built is not None and outer_call(built) is not None
+                           else lines_of(site["file"], stmt, "watch_call"))
                 records.append(rec)
     return records
 
@@ -144,8 +143,8 @@ def _earlier_cell(file: str, node):
                       for n in [cell_number(f)] if n is not None and n < number), reverse=True)
     for _, cell in earlier[:100]:
         with contextlib.suppress(SyntaxError, ValueError):
-            tree = _parse("".join(linecache.getlines(cell)))
-            made = _assignment(tree, node, sys.maxsize)
+            tree = parse("".join(linecache.getlines(cell)))
+            made = assignment(tree, node, sys.maxsize)
             if made is not None:
                 return cell, tree, made
     return None
@@ -187,7 +186,7 @@ def _user_callers(frame, most: int = 6) -> list[list]:
     found = []
     while frame is not None and len(found) < most:
         file = code_file(frame)
-        if file.startswith(_TORCH) or _not_source(file) or _installed(file):
+        if file.startswith(_TORCH) or _not_source(file) or installed(file):
             break
         if not file.startswith(_DIAGKIT) or file.startswith(_DEMOS):
             found.append([frame.f_code.co_name, file, frame.f_lineno])
@@ -195,109 +194,15 @@ def _user_callers(frame, most: int = 6) -> list[list]:
     return found
 
 
-def _installed(file: str) -> bool:
-    return any(part in ("site-packages", "dist-packages") for part in file.split(os.sep))
-
-
 def _group_lines(site: dict, group: int) -> dict:
     """The lines that built group `group`, from the call at `site`; the call's line alone when
     its source cannot be parsed."""
     try:
         tree, stmt, func = statement(site["file"], site["line"])
-        return _from_call(site["file"], func or tree, stmt, group, "call")
+        return from_call(site["file"], func or tree, stmt, group, "call")
     except Exception:  # no source (an exec'd string, an edited file): the bare location
         text = linecache.getline(site["file"], site["line"]).strip()
         return {"file": site["file"], "line": site["line"], "lines": [text] if text else [],
                 "how": "call", **cell_of(site["file"])}
 
 
-def _from_call(file: str, scope, stmt, group: int, how: str) -> dict:
-    """Group `group` of the optimizer call in `stmt`: its element of a literal list of groups
-    (and the statement that made the list it names), or the statement assigning the name
-    passed; else the whole statement."""
-    call = _outer_call(stmt)
-    params = call.args[0] if call is not None and call.args else None
-    if params is None and call is not None:
-        params = next((k.value for k in call.keywords if k.arg in ("params", "param_group")),
-                      None)
-    node = None
-    if isinstance(params, (ast.List, ast.Tuple)) and params.elts and all(
-            isinstance(e, ast.Dict) for e in params.elts):
-        node = params.elts[group] if group < len(params.elts) else None
-    elif isinstance(params, ast.Dict) or group == 0:
-        node = params
-    if isinstance(node, ast.Dict):
-        value = next((v for k, v in zip(node.keys, node.values)
-                      if isinstance(k, ast.Constant) and k.value == "params"), None)
-        made = _assignment(scope, value, stmt.lineno)
-        found = (_lines(file, made, "assigned", also=node) if made is not None
-                 else _lines(file, node, how))
-        return {**found, "call_line": stmt.lineno}
-    made = _assignment(scope, node, stmt.lineno)
-    found = (_lines(file, made, "assigned", also=stmt) if made is not None
-             else _lines(file, stmt, how))
-    return {**found, "call_line": stmt.lineno}
-
-
-def statement(file: str, line: int):
-    """(module tree, innermost statement holding `line`, its enclosing function or None)."""
-    tree = _parse("".join(linecache.getlines(file)))
-    holding = [n for n in ast.walk(tree)
-               if isinstance(n, ast.stmt) and n.lineno <= line <= (n.end_lineno or n.lineno)]
-    if not holding:
-        raise ValueError(f"no statement at {file}:{line}")
-    best = min(holding, key=lambda n: (n.end_lineno - n.lineno, -n.lineno))
-    funcs = [n for n in holding if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    return tree, best, max(funcs, key=lambda n: n.lineno) if funcs else None
-
-
-@functools.lru_cache(maxsize=16)
-def _parse(source: str) -> ast.Module:
-    """One parse per source file, however many groups it built (the tree is only read)."""
-    return ast.parse(source)
-
-
-def _outer_call(stmt):
-    """The outermost call of a statement (`opt = AdamW(...)`, `opt.add_param_group(...)`)."""
-    value = getattr(stmt, "value", None)
-    if isinstance(stmt, ast.Call):
-        return stmt
-    if isinstance(value, ast.Call):
-        return value
-    return next((n for n in ast.walk(stmt) if isinstance(n, ast.Call)), None)
-
-
-def _assignment(scope, node, before: int):
-    """The last statement in `scope` before line `before` that assigned the name `node` (an
-    `ast.Name`), or None."""
-    if not isinstance(node, ast.Name):
-        return None
-    best = None
-    for stmt in ast.walk(scope):
-        targets = (stmt.targets if isinstance(stmt, ast.Assign) else
-                   [stmt.target] if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) else [])
-        if getattr(stmt, "lineno", 0) < before and any(
-                isinstance(t, ast.Name) and t.id == node.id for t in targets):
-            if best is None or stmt.lineno > best.lineno:
-                best = stmt
-    return best
-
-
-def _lines(file: str, node, how: str, also=None) -> dict:
-    """The node's source lines, dedented, at most MAX_LINES (`also`: a second node shown
-    after it, e.g. the group dict or the call that used the assigned name)."""
-    lines: list[str] = []
-    for span in [node] + ([also] if also is not None else []):
-        chunk = "\n".join(linecache.getline(file, n).rstrip("\n")
-                          for n in range(span.lineno, (span.end_lineno or span.lineno) + 1))
-        lines += textwrap.dedent(chunk).splitlines()
-    if len(lines) > MAX_LINES:
-        lines = lines[:MAX_LINES - 1] + ["..."]
-    return {"file": file, "line": node.lineno, "lines": lines, "how": how, **cell_of(file)}
-
-
-def cell_of(file: str) -> dict:
-    """{"cell": n} when `file` is an IPython cell's (its execution count: the notebook's
-    "[n]", kept because the file itself is gone when the kernel ends), else {}."""
-    number = cell_number(file)
-    return {} if number is None else {"cell": number}

@@ -57,7 +57,7 @@ def _steps(observer: Observer, step_fn, steps: int, every: int) -> StepFailure |
             except (Exception, SystemExit, deadline.TimedOut) as exc:  # keep earlier steps
                 if observed:
                     observer.abort_step()
-                return StepFailure(step=step, error=_failure_text(exc),
+                return StepFailure(step=step, error=failure_text(exc),
                                    traceback=traceback.format_exc())
             if observed:
                 observer.end_step(loss)
@@ -69,7 +69,7 @@ def _steps(observer: Observer, step_fn, steps: int, every: int) -> StepFailure |
     return None
 
 
-def _failure_text(exc: BaseException) -> str:
+def failure_text(exc: BaseException) -> str:
     """The step's failure in one line; a sys.exit in the user's step is named as one."""
     if isinstance(exc, deadline.TimedOut):
         return str(exc)

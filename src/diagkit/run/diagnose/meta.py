@@ -22,7 +22,7 @@ from ...core.result import StepFailure
 from ...measure.model.inventory import take_inventory
 from ...measure.model.meta_pass import MetaPass, batch_to_meta, has_real_tensor, off_meta
 from ..target import deadline
-from .loop import _failure_text
+from .loop import failure_text
 from .pipeline import Observation
 from ..target.target import Setup, load_target
 
@@ -96,7 +96,7 @@ def _run_pass(setup: Setup, seen: MetaPass) -> tuple[StepFailure | None, str]:
         seen.found(_forward_backward(setup, batch_to_meta(batch, ids_too=True)))
         return None, "all"
     except (Exception, SystemExit, deadline.TimedOut) as exc:
-        text = _failure_text(exc)
+        text = failure_text(exc)
         hint = "meta" in str(exc) and not isinstance(exc, deadline.TimedOut)
         return StepFailure(step=0, error=f"{text} {_VALUE_HINT}" if hint else text,
                            traceback=traceback.format_exc()), ""

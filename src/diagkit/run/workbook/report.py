@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ...core import extras, severity
 from ...core.errors import DiagkitError
-from ...core.files import real_path
+from ...core.paths import real_path
 from ...core.format import one_line
 from ..target import signals
 from .contract import DIAGNOSE, notebook_path
@@ -30,7 +30,7 @@ from .notebook import validate
 from ..target.paths import LAUNCH_ENV
 from .report_cells import for_report, merged_intro
 
-_TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+_TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 
 
 @dataclasses.dataclass
