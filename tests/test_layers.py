@@ -6,9 +6,10 @@ The one allowed upward edge is the display protocol: a result type's `_repr_html
 `__str__` (IPython and print look for them on the object) render it through `diagkit.present`,
 lazily.
 
-Inside `measure` and `run`, every module lives in a room (a sub-package), and a room imports only
-the rooms of its layer listed for it in ROOMS (docs/development.md, "The house"). No module
-imports another module's `_private` name, nor reaches one through a module it imported.
+Inside `measure` and `run`, every module lives in a room (a sub-package), and a room imports
+only the rooms of its layer listed for it in ROOMS (docs/development.md, "Layout: measure →
+judge → present, with run on top"). No module imports another module's `_private` name, nor
+reaches one through a module it imported.
 """
 
 from __future__ import annotations
