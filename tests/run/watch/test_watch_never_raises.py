@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import diagkit
-import diagkit.run.watch.watch as watch_module
+import diagkit.run.watch.begin as begin_module
+import diagkit.run.watch.observations as observations_module
 from diagkit.core.errors import DiagkitError
 from diagkit.measure.step.observer import Observer
 from diagkit.measure.clock.run_clock import RunClock
@@ -55,11 +56,11 @@ def diagkit_lines(caplog) -> list[str]:
 
 
 FAILING = {  # where diagkit itself fails, as a watch begins, observes or ends
-    "inventory": [(watch_module, "take_inventory")],
+    "inventory": [(begin_module, "take_inventory")],
     "attach": [(Observer, "attach")],
     "clock": [(StepClock, "start"), (RunClock, "start")],  # steps=N's, steps=None's
     "end_step": [(Observer, "end_step")],
-    "judging": [(watch_module, "judge_observation")],
+    "judging": [(observations_module, "judge_observation")],
 }
 
 
@@ -84,7 +85,7 @@ def test_an_internal_error_is_one_logged_line_and_training_goes_on(monkeypatch, 
 
 
 def test_a_failed_watch_saves_its_failure_and_stops_quietly(monkeypatch, caplog, tmp_path):
-    monkeypatch.setattr(watch_module, "take_inventory", broken)
+    monkeypatch.setattr(begin_module, "take_inventory", broken)
     with caplog.at_level(logging.INFO, logger="diagkit"):
         w, _, _ = run(watched=True, loop_steps=2, out=tmp_path / "diag")
         assert w.stop() is w.diagnosis and "0 tensors, done" in repr(w)

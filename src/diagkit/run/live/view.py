@@ -72,6 +72,20 @@ def shown(live: bool | None) -> bool:
             and not extras.missing(extras.EXPLORER))
 
 
+def opened(watch, live: bool | None, meta) -> LiveFeed | None:
+    """The live view of `watch` (rank 0 only: `shown`), or None; one that cannot be shown is
+    one line (`watch.say`). `meta`: the watch's builder of its result's `meta`, called for
+    each snapshot."""
+    if not shown(live) or (watch.channel is not None and watch.channel.rank != 0):
+        return None
+    try:
+        return LiveFeed(watch, meta)
+    except Exception as exc:
+        watch.say(f"diagkit: the live view could not be shown: {type(exc).__name__}: {exc} "
+                  "(the watch goes on)")
+        return None
+
+
 @dataclasses.dataclass
 class Snapshot:
     """What the loop had recorded when an update was due, taken on the loop's thread.
@@ -90,15 +104,17 @@ class LiveFeed:
     """One watch's live view: `recorded()` from the loop after each observed step, `finish()`
     with the result. `panel` is the widget; `updates`, `judged`, `busy`, `last_cost`: how many
     updates were shown, how many of them judged, the seconds the feed's thread spent on them,
-    and on the latest (`last_tick`, `last_judge`: on the latest of each kind)."""
+    and on the latest (`last_tick`, `last_judge`: on the latest of each kind). `meta`: the
+    watch's builder of its result's `meta` (the judging of a snapshot needs it)."""
 
-    def __init__(self, watch):
+    def __init__(self, watch, meta):
         from IPython.display import display
 
         from ...present.live_panel import LivePanel
         self._rank = ("rank 0's steps (every rank's are joined at the end)"
                       if watch.channel is not None else "")
         self.watch, self.panel = watch, LivePanel(of=watch.steps, note=self._rank)
+        self._meta = meta
         self.updates, self.judged, self.busy, self.last_cost = 0, 0, 0.0, 0.0
         self.last_tick = self.last_judge = 0.0  # the latest update's cost without, with judging
         self._next = 0.0                    # the monotonic time the next update may start
@@ -133,7 +149,7 @@ class LiveFeed:
         run = w.run
         observer = w.observer if run is None else run.observer
         parts = (observer.records.snapshot(), observer.records, list(observer.inv.rows),
-                 w._meta(), w.clock.observed)
+                 self._meta(), w.clock.observed)
         if run is None:
             return Snapshot(*parts, None, None)
         findings = run.spans()

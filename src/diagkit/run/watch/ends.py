@@ -15,7 +15,7 @@ Two paths cover every end but SIGKILL and `os._exit`:
   the signal would (killed by it: exit status 143 for SIGTERM in a shell). When the last watch
   ends, the user's handlers are back in place.
 
-While either saves, a child's death (SIGCHLD) is only noted (`_hold_children`): a job is ended
+While either saves, a child's death (SIGCHLD) is only noted (`children.hold`): a job is ended
 as a whole (Slurm's scancel, its time limit: SIGTERM to every process of the job), so the
 DataLoader's workers die during the save. A child forked from the process (those workers) has
 no watch of its own to save (`_forked`).
@@ -34,15 +34,15 @@ import sys
 import threading
 import weakref
 
+from . import children
+
 _LIVE: list = []          # weak references to the watches not yet ended, oldest first
 # The signals that end a process without `atexit` and that a watch saves on.
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
-SIGCHLD = getattr(signal, "SIGCHLD", None)  # none on Windows
 # The handlers ours replaced, by signal; whether it is saving the live watches now; a signal
-# that came while a watch was saving below it, handed on once that one has saved; while
-# SIGCHLD is held, the handler it replaced, and whether one came; whether `_forked` is set.
-_STATE = {"previous": {}, "saving": False, "pending": None, "children": None,
-          "child_came": False, "forks": False}
+# that came while a watch was saving below it, handed on once that one has saved; whether
+# `_forked` is set.
+_STATE = {"previous": {}, "saving": False, "pending": None, "forks": False}
 OFF_MAIN_THREAD = ("diagkit: watch() was called outside the main thread, where Python cannot "
                    "catch SIGTERM or SIGHUP: a kill by either saves nothing (the interpreter's "
                    "exit still saves); call watch() in the main thread to have them caught")
@@ -120,7 +120,8 @@ def _forked() -> None:
     of the watch over the parent's `out`, as it was when that worker started. Here the child
     forgets them, so the signal, or its exit, is handed on as without diagkit."""
     _LIVE.clear()
-    _STATE.update(saving=False, pending=None, children=None)
+    _STATE.update(saving=False, pending=None)
+    children.forget()
 
 
 def report(line: str) -> None:
@@ -154,9 +155,9 @@ def _lost(w) -> str:
 
 def _at_exit() -> None:
     ctrl_c = _ending_by_ctrl_c()
-    _hold_children()
+    children.hold()
     _end_live("exit")
-    _release_children()  # one that came is not handed on: the process is ending
+    children.release()  # one that came is not handed on: the process is ending
     _uninstall()
     if ctrl_c:
         _keep_ctrl_c_exit()
@@ -218,7 +219,7 @@ def _on_signal(signum, frame) -> None:
     if _STATE["saving"] or _STATE["pending"] is not None:
         return
     _STATE["saving"] = True
-    _hold_children()  # until the signal is handed on
+    children.hold()  # until the signal is handed on
     try:
         _end_live(signal.Signals(signum).name)
     finally:
@@ -239,10 +240,10 @@ def _hand_on(signum, frame) -> None:
         return
     previous = _uninstall(signum)
     if callable(previous):
-        came = _release_children()
+        came = children.release()
         previous(signum, frame)
         if came:  # the process goes on: the child's death is told now, as it was held
-            signal.raise_signal(SIGCHLD)
+            signal.raise_signal(children.SIGCHLD)
         return
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -251,58 +252,3 @@ def _hand_on(signum, frame) -> None:
             pass
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)  # SIGCHLD stays held: nothing of the process runs on
-
-
-def _hold_children() -> None:
-    """From now until `_release_children`, SIGCHLD is only noted. A job's processes are ended
-    together (Slurm's scancel, its time limit or a pre-emption signal the whole process
-    group), so the DataLoader's workers die while the watch saves; the SIGCHLD handler that
-    torch's DataLoader sets raises its RuntimeError ("DataLoader worker (pid N) is killed by
-    signal: Terminated.") in the main thread, that is inside the save, and nothing was saved.
-
-    The handler is swapped for one that notes the signal rather than the signal blocked:
-    `pthread_sigmask` blocks it in the calling thread only, the kernel hands a process's
-    SIGCHLD to any thread that does not block it (torch's and pyarrow's pools started before),
-    and Python then runs the handler in the main thread all the same. Nor is it set to SIG_DFL:
-    a SIGCHLD that came meanwhile is handed on (`_hand_on`) when the process goes on after the
-    signal (the user's own handler returned), as without diagkit. A worker that died just
-    before the swap runs the old handler as it is swapped (`signal.signal` runs the pending
-    ones first): its error is taken as that SIGCHLD noted, and the swap tried again. A
-    handler set outside Python (`getsignal` gives None) could not be put back: left alone."""
-    if SIGCHLD is None or _STATE["children"] is not None or \
-            threading.current_thread() is not threading.main_thread():
-        return
-    _STATE["child_came"] = False
-    replaced = None
-    for _attempt in range(8):  # one more per child that died during the last try
-        try:
-            current = signal.getsignal(SIGCHLD)
-            if current is not _child_noted:
-                if current is None:
-                    return
-                replaced = current
-                signal.signal(SIGCHLD, _child_noted)
-            _STATE["children"] = replaced
-            return
-        except (ValueError, OSError):  # no signal may be set now: nothing held
-            return
-        except Exception:  # noqa: BLE001  the old handler ran and raised: a child died
-            _STATE["child_came"] = True
-
-
-def _child_noted(_signum, _frame) -> None:
-    _STATE["child_came"] = True
-
-
-def _release_children() -> bool:
-    """Put the SIGCHLD handler back (unless it was replaced meanwhile); whether a SIGCHLD came
-    while it was held."""
-    replaced, _STATE["children"] = _STATE["children"], None
-    if replaced is None:
-        return False
-    try:
-        if signal.getsignal(SIGCHLD) is _child_noted:
-            signal.signal(SIGCHLD, replaced)
-    except Exception:  # noqa: BLE001  a child's handler that raised as it was put back: told
-        return True
-    return _STATE["child_came"]

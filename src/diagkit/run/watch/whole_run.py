@@ -25,9 +25,7 @@ import time
 import weakref
 
 from ...core import severity
-from ...core.files import records
 from ...core.result import Diagnosis
-from ...judge.findings import sort_findings
 from ...judge.rules_change import zero_gradient_untold
 from ...judge.timeline import Timeline, as_finding, onsets, when
 from ...judge.verdicts import VERDICTS
@@ -37,7 +35,8 @@ from ...measure.clock.new_optimizers import NewOptimizers, shared
 from ...measure.engines.unwrap import compiled
 from ...measure.clock.wiring import Wiring
 from ...present.text import finding_line
-from ..diagnose.pipeline import Observation, judge_observation, untold_zeros
+from ..diagnose.pipeline import Observation, judge_observation
+from .observations import published
 from .whole_run_names import Names, rename_history
 from .whole_run_ranks import RankJoin
 
@@ -94,7 +93,7 @@ class WholeRun:
         if recorded:
             if self.ranks is not None:
                 self.ranks.recorded(index, self.wiring.digest())
-            self.watch._published(index)
+            published(self.watch, index)
             if self.around:
                 self.burst_left -= 1
         changes = self.wiring.changes(index)
@@ -258,26 +257,6 @@ class WholeRun:
         self.wiring.release()
         if self.births is not None:
             self.births.detach()
-
-    def result(self, base: Diagnosis) -> Diagnosis:
-        """`base` (judged from the kept steps) with the run's verdicts, spans and events."""
-        params = base.params.copy()
-        params["verdicts"] = [tuple(v for v in VERDICTS if v in self.verdicts.get(n, ()))
-                              or ("ok",) for n in params["name"]]
-        findings = [f for f in base.findings if f.code not in VERDICTS]
-        if self.ranks is not None and self.ranks.mismatch is not None:
-            findings.append(self.ranks.mismatch)
-        not_judged = {v: why for v, why in base.meta.get("not_judged", {}).items()
-                      if v != "zero_gradient"}
-        not_judged.update(untold_zeros(params, base.steps, names=self.untold - self.told))
-        meta = {**{k: v for k, v in base.meta.items() if k != "not_judged"},
-                **({"not_judged": not_judged} if not_judged else {}),
-                "events": list(self.events), "dropped_steps": list(self.dropped),
-                "kept_steps": self.kept.describe(),
-                "windows": self.windows, "timeline": records(self.timeline.table().astype(object)),
-                "steps_observed": self.kept.observed + len(self.dropped)}
-        return dataclasses.replace(base, params=params, meta=meta,
-                                   findings=sort_findings(findings + self.spans()))
 
     def spans(self) -> list:
         """The timeline's findings. A finding's figures (`1.83 → 2.41 over 8 steps`) are those
