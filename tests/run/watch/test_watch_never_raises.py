@@ -10,6 +10,7 @@ import logging
 
 import pytest
 import torch
+import torch.optim.optimizer as optim_hooks
 
 import diagkit
 import diagkit.run.watch.begin as begin_module
@@ -42,7 +43,9 @@ def run(watched: bool, loop_steps: int = 4, **options):
              [p.grad.clone() for p in model.parameters()],
              [v.clone() for s in opt.state.values() for v in s.values()])
     hooks = (sum(len(p._backward_hooks or {}) for p in model.parameters())
-             + len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks))
+             + len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks)
+             + len(optim_hooks._global_optimizer_pre_hooks)  # a whole run's, for every optimizer
+             + len(optim_hooks._global_optimizer_post_hooks))
     return w, state, hooks
 
 

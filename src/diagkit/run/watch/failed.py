@@ -54,10 +54,11 @@ def stopped(step: int, error: tuple[str, str]) -> StepFailure:
                        traceback=error[1])
 
 
-def detach_quietly(clock, observer) -> None:
-    """Remove whatever of a watch is attached, its step clock's hooks and then the observer's
-    (None: not made yet); nothing raises, as diagkit is failing already."""
-    for remove in (getattr(clock, "stop", None), getattr(observer, "detach", None)):
+def detach_quietly(clock, observer, run=None) -> None:
+    """Remove whatever of a watch is attached, its step clock's hooks, the observer's and a
+    whole run's own (None: not made yet); nothing raises, as diagkit is failing already."""
+    for remove in (getattr(clock, "stop", None), getattr(observer, "detach", None),
+                   getattr(run, "unhook", None)):
         if remove is not None:
             try:
                 remove()

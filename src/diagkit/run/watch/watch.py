@@ -105,7 +105,7 @@ class Watch:
                         first_step=first_step, sources=sources,
                         trackers=(report_to, tracking))
         except DiagkitError:  # what the user passed: theirs to fix, nothing left attached
-            detach_quietly(self.clock, self.observer)
+            detach_quietly(self.clock, self.observer, self.run)
             raise
         except Exception as exc:  # diagkit's own: training goes on unwatched
             self._unwatched(exc, "could not watch this run")
@@ -276,7 +276,7 @@ class Watch:
         """Diagkit failed (not the user): every hook off, one line through the "diagkit"
         logger, and a diagnosis holding the failure; the user's training goes on unwatched.
         `error`: what had stopped observing before, if anything did."""
-        detach_quietly(self.clock, self.observer)
+        detach_quietly(self.clock, self.observer, self.run)
         self._finished, self._ended = True, "failed"
         meta = {**self._meta(), "ended": "failed"}
         self._diagnosis = failed_diagnosis(exc, what, error, meta, self.clock)

@@ -254,6 +254,11 @@ class WholeRun:
     def finish(self) -> None:
         """The watch ends: the window in progress is judged too."""
         self._close_window(replace=False)
+        self.unhook()
+
+    def unhook(self) -> None:
+        """The hooks the whole run set itself off (the wiring check's, and the global ones that
+        find new optimizers): at its end, and when diagkit fails and the run goes on unwatched."""
         self.wiring.release()
         if self.births is not None:
             self.births.detach()
