@@ -77,7 +77,7 @@ def test_the_whole_run_snippet_logs_the_orphan_at_the_step_and_saves_it(tmp_path
         with caplog.at_level(logging.INFO, logger="diagkit"):
             exec(compile(snippet, "docs/whole-run.md", "exec"), names)
     finally:
-        watch_ends._end_live("stop")  # the snippet keeps no Watch: it would end at exit
+        watch_ends.end_live("stop")  # the snippet keeps no Watch: it would end at exit
     lines = [r.getMessage() for r in caplog.records if r.name == "diagkit"]
     assert lines[0].startswith("diagkit: step 500: wiring changed: backbone.0.weight")
     assert lines[1].startswith("diagkit: error: orphan in backbone (2 tensors) from step 501; "

@@ -43,14 +43,17 @@ SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasat
 # that came while a watch was saving below it, handed on once that one has saved; whether
 # `_forked` is set.
 _STATE = {"previous": {}, "saving": False, "pending": None, "forks": False}
+_ENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # watch -> how it ends
 OFF_MAIN_THREAD = ("diagkit: watch() was called outside the main thread, where Python cannot "
                    "catch SIGTERM or SIGHUP: a kill by either saves nothing (the interpreter's "
                    "exit still saves); call watch() in the main thread to have them caught")
 
 
-def started(w) -> None:
-    """`w` now observes: end it with the process if nothing else does first."""
+def started(w, end) -> None:
+    """`w` now observes: end it with the process if nothing else does first, by `end(w, how)`
+    (the watch's own way of ending, said why: a function, so nothing here holds `w`)."""
     _LIVE.append(weakref.ref(w, _gone))
+    _ENDS[w] = end
     atexit.unregister(_at_exit)  # registered again: runs before what was registered until now,
     atexit.register(_at_exit)    # as a callback registered by this watch itself would
     if any(signal.getsignal(s) is not _on_signal for s in SIGNALS):  # first, or the user's
@@ -133,14 +136,16 @@ def report(line: str) -> None:
         pass
 
 
-def _end_live(how: str) -> None:
+def end_live(how: str) -> None:
     """End every live watch, newest first; one line for each that cannot finish."""
     for ref in reversed(list(_LIVE)):
         w = ref()
         if w is None or w.done:
             continue
         try:
-            w._end(how)  # the watch's own way of ending, said why
+            end = _ENDS.get(w)
+            if end is not None:
+                end(w, how)  # the watch's own way of ending, said why
         except KeyboardInterrupt:  # Ctrl-C again while saving: the user wants out, now
             report(f"diagkit: interrupted while finishing the watch ({how})" + _lost(w))
             return
@@ -156,7 +161,7 @@ def _lost(w) -> str:
 def _at_exit() -> None:
     ctrl_c = _ending_by_ctrl_c()
     children.hold()
-    _end_live("exit")
+    end_live("exit")
     children.release()  # one that came is not handed on: the process is ending
     _uninstall()
     if ctrl_c:
@@ -221,7 +226,7 @@ def _on_signal(signum, frame) -> None:
     _STATE["saving"] = True
     children.hold()  # until the signal is handed on
     try:
-        _end_live(signal.Signals(signum).name)
+        end_live(signal.Signals(signum).name)
     finally:
         _STATE["saving"] = False
     if any(r() is not None for r in _LIVE):  # still saving, below this handler

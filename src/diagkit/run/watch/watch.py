@@ -138,7 +138,7 @@ class Watch:
         if self.run is None:
             self.observer.attach()
         self.clock.start()
-        watch_ends.started(self)  # the process's end, however it comes, ends the watch too
+        watch_ends.started(self, Watch._end)  # the process's end, however it comes, ends it too
 
     def new_observer(self, inventory) -> Observer:
         """An observer of `inventory` with this watch's options. Without a process group the
