@@ -50,18 +50,18 @@ class ExplorerState:
         # Problems first (most severe first), otherwise in the order the model gives them.
         order = np.lexsort((np.arange(len(params)), -rank))
         self.params = params.iloc[order].reset_index(drop=True)
-        self._verdicts = [verdicts[i] for i in order]
-        self._rank = rank[order]
-        self._names = self.params["name"].astype(str).to_numpy(dtype=object)
+        self.tensor_verdicts = [verdicts[i] for i in order]
+        self.severity_ranks = rank[order]
+        self.tensor_names = self.params["name"].astype(str).to_numpy(dtype=object)
         self._modules = (self.params["module"].fillna("").astype(str) if "module" in self.params
                          else pd.Series([""] * len(self.params)))
         self._verdict_mask: dict[str, np.ndarray] = {}
-        for i, vs in enumerate(self._verdicts):
+        for i, vs in enumerate(self.tensor_verdicts):
             for v in vs:
                 self._verdict_mask.setdefault(v, np.zeros(len(self.params), dtype=bool))[i] = True
         self.steps = steps
         self.data = StepData(steps)   # step x (metric, name), built once on demand
-        self._index = {n: i for i, n in enumerate(self._names)}
+        self._index = {n: i for i, n in enumerate(self.tensor_names)}
         self._filter_cache: tuple | None = None
         self._verdicts_filter: frozenset[str] = frozenset()
         self._module_prefix = ""
@@ -143,7 +143,7 @@ class ExplorerState:
     @property
     def selected(self) -> list[str]:
         """The tensors plotted: the explicit choice still passing the filters, else the default."""
-        names = self._filtered()[1]["name"]
+        names = self.filtered()[1]["name"]
         if self._explicit:
             passing = set(names)
             kept = [n for n in self._explicit if n in passing]
@@ -162,7 +162,7 @@ class ExplorerState:
     def verdicts_of(self, name: str) -> tuple[str, ...]:
         """The verdicts of tensor `name` (() for a name the diagnosis does not hold)."""
         i = self._index.get(name)
-        return () if i is None else self._verdicts[i]
+        return () if i is None else self.tensor_verdicts[i]
 
     def module_of(self, name: str) -> str | None:
         """The module that holds tensor `name` (None for a name the diagnosis does not hold)."""
@@ -181,18 +181,19 @@ class ExplorerState:
     # ------------------------------------------------------------------ queries
     def filtered_params(self) -> pd.DataFrame:
         """Rows of params passing every filter, problems first."""
-        return self._filtered()[1]
+        return self.filtered()[1]
 
     def default_selection(self) -> list[str]:
         """Top problem tensors of the filter that have data for the metric, then the ok ones
         with the most of it: a default plot of tensors without data would be empty (the
         finetune demo's unused tensors have no grad_norm). Only when nothing in the filter has
         data are the problems chosen anyway, and the plot says what to do."""
-        rows = self._filtered()[0]
+        rows = self.filtered()[0]
         has_data = self._has_data()
-        problems = [self._names[i] for i in rows if self._rank[i] > 0]
+        problems = [self.tensor_names[i] for i in rows if self.severity_ranks[i] > 0]
         drawable = [n for n in problems if has_data.get(n, False)][:self.top]
-        ok = [i for i in rows if self._rank[i] == 0 and has_data.get(self._names[i], False)]
+        ok = [i for i in rows
+              if self.severity_ranks[i] == 0 and has_data.get(self.tensor_names[i], False)]
         if not drawable and not ok:
             return problems[:self.top]
         if len(drawable) >= self.top:
@@ -200,14 +201,14 @@ class ExplorerState:
         if self._metric in self.params and ok:
             values = pd.to_numeric(self.params[self._metric].iloc[ok], errors="coerce")
             ok = list(values.sort_values(ascending=False, na_position="last", kind="stable").index)
-        return drawable + [self._names[i] for i in ok[:self.top - len(drawable)]]
+        return drawable + [self.tensor_names[i] for i in ok[:self.top - len(drawable)]]
 
     def problems_without_data(self) -> list[str]:
         """Problem tensors of the filter with no value of the metric on any step, so that the
         status line can say why they are not plotted by default and how to see them."""
         has_data = self._has_data()
-        return [self._names[i] for i in self._filtered()[0]
-                if self._rank[i] > 0 and not has_data.get(self._names[i], False)]
+        return [self.tensor_names[i] for i in self.filtered()[0]
+                if self.severity_ranks[i] > 0 and not has_data.get(self.tensor_names[i], False)]
 
     def series(self) -> pd.DataFrame:
         """The metric per step (rows) for each selected tensor (columns, in selection order)."""
@@ -215,9 +216,9 @@ class ExplorerState:
 
     def options(self) -> "explorer_choices.Options":
         """The tensor picker's choices: filtered names (capped), plus anything selected."""
-        rows = self._filtered()[0]
+        rows = self.filtered()[0]
         return explorer_choices.options(rows, self.selected, self._index, self._label,
-                                        self._names, MAX_OPTIONS)
+                                        self.tensor_names, MAX_OPTIONS)
 
     @property
     def message(self) -> str:
@@ -234,23 +235,27 @@ class ExplorerState:
         """The filtered rows as an HTML table, names escaped (`explorer_view.table_html`)."""
         return explorer_view.table_html(self, limit)
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ rows and filters
     def _label(self, i: int) -> str:
-        name = self._names[i]
-        return f"{name}  [{', '.join(self._verdicts[i])}]" if self._rank[i] > 0 else name
+        name = self.tensor_names[i]
+        verdicts = ", ".join(self.tensor_verdicts[i])
+        return f"{name}  [{verdicts}]" if self.severity_ranks[i] > 0 else name
 
-    def _module_mask(self) -> np.ndarray:
+    def module_mask(self) -> np.ndarray:
+        """Which rows lie under the module filter (all, without one)."""
         prefix = self._module_prefix.rstrip(".")
         if not prefix:
             return np.ones(len(self.params), dtype=bool)
         mods = self._modules
         return ((mods == prefix) | mods.str.startswith(prefix + ".")).to_numpy(dtype=bool)
 
-    def _filtered(self) -> tuple[np.ndarray, pd.DataFrame]:
+    def filtered(self) -> tuple[np.ndarray, pd.DataFrame]:
+        """(row positions, params rows) that pass the three filters; cached until one changes,
+        since the plot, the status line and the table each ask."""
         key = (self._verdicts_filter, self._module_prefix, self._name_regex)
         if self._filter_cache is not None and self._filter_cache[0] == key:
             return self._filter_cache[1]
-        mask = self._module_mask()
+        mask = self.module_mask()
         if self._verdicts_filter:
             hit = np.zeros(len(self.params), dtype=bool)
             for v in self._verdicts_filter:
@@ -259,8 +264,8 @@ class ExplorerState:
             mask = mask & hit
         if self._regex is not None:
             search = self._regex.search
-            mask = mask & np.fromiter((search(n) is not None for n in self._names),
-                                      dtype=bool, count=len(self._names))
+            mask = mask & np.fromiter((search(n) is not None for n in self.tensor_names),
+                                      dtype=bool, count=len(self.tensor_names))
         rows = np.flatnonzero(mask)
         result = (rows, self.params.iloc[rows])
         self._filter_cache = (key, result)

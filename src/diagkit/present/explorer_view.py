@@ -108,8 +108,8 @@ def alt_text(state, *, max_lines: int, most: int = 8) -> str:
 def _draw_lines(ax, state, steps, names, values, finite) -> tuple[list, list[str]]:
     """Plot one line per name (problems bold, with their verdicts in the label); returns the
     (handles, labels) for the legend, so that the caller decides whether to show one."""
-    rank = dict(zip(state._names, state._rank))
-    verdicts = dict(zip(state._names, state._verdicts))
+    rank = dict(zip(state.tensor_names, state.severity_ranks))
+    verdicts = dict(zip(state.tensor_names, state.tensor_verdicts))
     handles, labels = [], []
     for j, name in enumerate(names):
         problem = rank.get(name, 0) > 0
@@ -133,7 +133,7 @@ def why_empty(state, names: list[str]) -> str:
     if not len(state.steps):
         return "no step was observed" + (
             f" (the diagnosis stopped at step {state.failure.step})" if state.failure else "")
-    if not len(state._filtered()[0]):
+    if not len(state.filtered()[0]):
         return "no tensor matches the filters"
     if not names:
         return "no tensor is selected"
@@ -160,9 +160,9 @@ def status_text(state, *, max_lines: int) -> str:
                      f"{state.failure.error}")
     if state.regex_error:
         parts.append(state.regex_error)
-    matching = len(state._filtered()[0])
+    matching = len(state.filtered()[0])
     parts.append(f"{matching:,} of {len(state.params):,} tensors match")
-    if state.module_prefix and not state._module_mask().any():
+    if state.module_prefix and not state.module_mask().any():
         parts.append(f"no module is named {state.module_prefix!r} or lies under it")
     if not len(state.steps):
         parts.append("the steps table is empty: no step was observed")
@@ -210,7 +210,7 @@ def _hidden_problems(state, selected: list[str]) -> list[str]:
     hidden = state.problems_without_data()
     if not hidden or not selected or set(hidden) & set(selected):
         return []
-    verdicts = dict(zip(state._names, state._verdicts))
+    verdicts = dict(zip(state.tensor_names, state.tensor_verdicts))
     kinds = sorted({v for n in hidden for v in verdicts[n]})
     other = [m for m in metrics_with_data(state, hidden) if m != state.metric]
     how = f"switch the metric to {other[0]} or pick them" if other else "pick them"
@@ -222,7 +222,7 @@ def _hidden_problems(state, selected: list[str]) -> list[str]:
 def table_html(state, limit: int = 50) -> str:
     """The filtered rows as an HTML table (problems first, at most `limit`); every name is
     escaped, since tensor and module names come from user code."""
-    rows, table = state._filtered()
+    rows, table = state.filtered()
     rows_idx = rows[:limit]
     selected = set(state.selected)
     esc = html.escape
@@ -239,8 +239,8 @@ def table_html(state, limit: int = 50) -> str:
                      f"{esc(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for i in rows_idx:
         row = state.params.iloc[i]
-        cells = _cells(row, state._verdicts[i], state.metric, row["name"] in selected)
-        level = severity.named(state._rank[i])
+        cells = _cells(row, state.tensor_verdicts[i], state.metric, row["name"] in selected)
+        level = severity.named(state.severity_ranks[i])
         color = "transparent" if level == "ok" else severity.COLORS[level][1]
         out.append(f"<tr style='border-left:4px solid {color}'>" + "".join(
             f"<td style='padding:2px 6px;vertical-align:top;{_CELL_STYLE.get(j, '')}'>"
