@@ -19,7 +19,8 @@ import torch
 
 import diagkit
 from diagkit import DiagkitError
-from diagkit.core.files import check_output, shared_mode, umask, write_json_atomic
+from diagkit.core.files import check_output, write_json_atomic
+from diagkit.core.modes import shared_mode, umask
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from . import severity
 from .errors import DiagkitError
-from .files import from_parquet, reason
+from .files import from_parquet
+from .paths import reason
 from .format import brief
 from .schema import FORMAT_VERSION, PARAMS_COLUMNS, STEPS_COLUMNS
 from .swap import recover

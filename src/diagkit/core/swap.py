@@ -21,7 +21,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .files import real_path, shared_mode
+from .modes import shared_mode
+from .paths import real_path
 
 SCRATCH, READY, OLD = "tmp", "new", "old"
 

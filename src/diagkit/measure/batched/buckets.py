@@ -4,7 +4,7 @@ per group (`Buckets`), and the positions of a list of tensors laid out over thos
 
 A tensor on the meta device has a shape but no values: it is never grouped, and a `Layout`
 never measures it (`unmeasured`), so its gradient norm stays NaN, not measured, and never
-reaches the rare path that looks at values (`gradients.resolve_fresh`)."""
+reaches the rare path that looks at values (`step.fresh_norms.resolve_fresh`)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ import stat
 from pathlib import Path
 
 from ...core.errors import DiagkitError
-from ...core.files import kind, lookup, reason
+from ...core.paths import kind, lookup, reason
 
 FILE, HF_SHARDED, DCP = "file", "hf_sharded", "dcp"
 

@@ -8,10 +8,11 @@ taken out. Between steps each one is a view of this rank's slice of its unit's f
 (1-D, empty on a rank that holds none of it), and so is its `.grad`, reduce-scattered. Inside
 forward FSDP puts a view of the gathered flat parameter in the module's place, and autograd
 delivers the gradient to that view, never to the parameter: so `ViewHooks` hooks each view as
-its module's forward begins, and the usual per-tensor hook (`measure.step.gradients.BackwardHooks`)
-runs on it. Values and `.grad` are this rank's slice, summed over the unit's process group as
-FSDP2's shards are (`measure.engines.shards`). With `use_orig_params=False` the flat parameters replace
-the tensors: refused (`measure.engines.refused`). Duck-typed on torch's own attributes.
+its module's forward begins, and the usual per-tensor hook
+(`measure.step.backward_hooks.BackwardHooks`) runs on it. Values and `.grad` are this rank's
+slice, summed over the unit's process group as FSDP2's shards are (`measure.engines.shards`).
+With `use_orig_params=False` the flat parameters replace the tensors: refused
+(`measure.engines.refused`). Duck-typed on torch's own attributes.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ import weakref
 
 import numpy as np
 
-from .gradients import BackwardHooks, OptimizerShare
+from .backward_hooks import BackwardHooks
+from .gradients import OptimizerShare
 from .state import StepState
 
 EARN_AFTER = 2  # observed steps that must show the standard loop's facts

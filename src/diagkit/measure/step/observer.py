@@ -25,14 +25,13 @@ import torch
 
 from ...core.options import DEFAULTS
 from ..batched.buckets import Buckets, Layout
-from .gradients import resolve_fresh
 from ..model.inventory import Inventory, group_lr
-from ..batched.kernels import checksum, norms
 from ..change.probes import make_probe
-from . import rewrites
-from ..batched.readback import Pending, as_float
-from ..engines.shards import local, measured_parts
-from .skips import Holdings, merged_skips, resting_rows
+from ..batched.readback import as_float
+from ..engines.shards import measured_parts
+from . import step_end
+from .optimizer_reads import read_at_step
+from .skips import Holdings, resting_rows
 from ..change.split_probe import FrozenWindow
 from ..tables.step_records import StepRecords
 from .state import LoopFacts, StepState
@@ -73,7 +72,7 @@ class Observer:
         self._handles: list = []
         self.records = StepRecords(inventory.names, checksums)
         self._held_by = inventory.held_by(len(optimizers))
-        self._lr_slots, self._slot_of = inventory.lr_slots()
+        self._lr_slots, self.slot_of = inventory.lr_slots()  # each tensor's lr slot, or -1
         held = {int(k) for ks in self._held_by for k in ks}
         # What is measured of each tensor: itself, or this rank's shard of a DTensor (FSDP2).
         self.shards, self.sharded, self.local = measured_parts(self.tensors, inventory.slices)
@@ -87,8 +86,8 @@ class Observer:
         if checksums:
             self.probe.checksum_of = set(self.shards.fingerprinted)
             self.window.indices = []  # each step is published as recorded: read every step
-        self._grad_buckets = Buckets(self.local)
-        self.everything = Layout(list(range(n)), self._grad_buckets)
+        self.grad_buckets = Buckets(self.local)
+        self.everything = Layout(list(range(n)), self.grad_buckets)
         plan = plan_strategies(self, self._held_by, self._handles)
         self._strategies, self._earned, self._read_by = plan.strategies, plan.earned, plan.read_by
         self.dropped: list[tuple[int, str]] = []  # (step, why) of steps not recorded
@@ -128,7 +127,7 @@ class Observer:
             handle.remove()
         self._handles.clear()
         self.probe.detach()
-        self._grad_buckets.clear()
+        self.grad_buckets.clear()
         if self.state is not None:
             self.state.release()
 
@@ -147,6 +146,7 @@ class Observer:
         self.window.continue_from(other.window)
 
     def progress(self, event: str) -> None:
+        """Tell the watchdog (`on_progress`) how far the step in progress has come."""
         if self.on_progress is not None:
             self.on_progress(event, self.state.index, self)
 
@@ -176,50 +176,22 @@ class Observer:
         self.unregistered.records = []
 
     def end_step(self, loss=None) -> bool:
-        """Record the step: read what no optimizer read, then one read-back for everything.
-        False: the step could not be attributed and is not recorded (`dropped`)."""
+        """Record the step: read what no optimizer read, then one read-back for everything
+        (`step_end`). False: the step could not be attributed and is not recorded (`dropped`)."""
         st = self.state
         if not st.read.all():
-            self._read_at_step(self._all)  # what no optimizer stepped: as it stands now
+            read_at_step(self, self._all)  # what no optimizer stepped: as it stands now
         self.active = False
-        pending, keys = self._queue(st, loss)
+        pending, keys = step_end.queue(self, st, loss)
         got = pending.read()
         got["checksum"] = self.shards.spread(got["checksum"])  # 0 where sharded: not compared
-        delta, changed, ratio = self.probe.resolve(got)
-        merged, stale = merged_skips(st, got["fresh_l2"], got["resets"])
-        grad_norm, nonfinite, self.zero_grad_expected = resolve_fresh(
-            st, got["fresh_l2"], dict(zip(keys["fresh_zero"], got["fresh_zero"])), self.n,
-            stale)
-        skipping = self.holdings.skipping(st)
-        grad_total = np.full(self.n, np.nan)
-        grad_total[keys["grad_l2"]] = got["grad_l2"]
-        same = np.concatenate(st.total_is_fresh) if st.total_is_fresh else self._all[:0]
-        grad_total[same] = grad_norm[same]
-        st.rewritten = rewrites.correct(st, got["rewrites"], grad_norm, grad_total, same)
-        carried_grad = np.zeros(self.n, dtype=bool)
-        carried_grad[keys["carried"]] = got["carried"] != 0  # NaN != 0: a NaN .grad is carried
-        if self.shards:  # every rank, every step: the whole tensors' values from the shards'
-            self.shards.combine({
-                "delta": delta, "value": self.probe.value_norm, "grad": grad_norm,
-                "total": grad_total, "changed": changed, "used": st.used, "ratio": ratio,
-                "nonfinite": nonfinite, "carried": carried_grad, "checksum": got["checksum"]})
+        end = step_end.resolve(self, st, got, keys)
+        self.zero_grad_expected = end.zero_now
         if st.dropped is not None:
             self.dropped.append((st.index, st.dropped))
             st.release()
             return False
-        for share in self._earned:
-            share.judge_step(st)
-        # A step some optimizer skipped counts its skips; a merged skip is one a later
-        # iteration of the same step ran on from (the watch's steps, which every optimizer took).
-        self.skipped_optimizer_steps += int(skipping.sum()) if skipping.any() else merged
-        rows = resting_rows(self.inv.rows, self.resting, st.used)
-        self.resting = set()
-        self.records.add(st.index, {
-            "requires_grad": st.requires_grad, "used": st.used, "grad_norm": grad_norm,
-            "grad_total_norm": grad_total, "carried_grad": carried_grad, "delta_norm": delta,
-            "update_ratio": ratio, "changed": changed, "lr": st.lr, "nonfinite": nonfinite,
-            "skipped": self.holdings.skipped(st, skipping),
-            **({"checksum": got["checksum"]} if self.checksums else {})}, rows)
+        self._record(st, end, got["checksum"])
         self.unregistered.end(st.index, loss, st.used)
         st.release()
         if keys["scalar_loss"]:
@@ -229,37 +201,28 @@ class Observer:
         self.progress("end")
         return True
 
-    def _queue(self, st: StepState, loss) -> tuple[Pending, dict]:
-        """Every device scalar of the step on one `Pending`, and the tensors each name covers."""
-        pending = Pending()
-        keys = {"fresh_zero": sorted(st.fresh_zero), "grad_l2": sorted(st.total_norms),
-                "carried": sorted(st.carried),
-                "scalar_loss": isinstance(loss, torch.Tensor) and loss.numel() == 1}
-        with torch.no_grad():
-            self.probe.end(pending)
-            pending.add("fresh_l2", [])
-            for _, part in st.fresh_norms:
-                pending.add("fresh_l2", part)
-            pending.add("fresh_zero", [st.fresh_zero[k] for k in keys["fresh_zero"]])
-            pending.add("grad_l2", [st.total_norms[k] for k in keys["grad_l2"]])
-            pending.add("carried", [st.carried[k] for k in keys["carried"]])
-            pending.add("resets", [v for v in st.resets.values() if v is not None])
-            pending.add("rewrites", rewrites.queued(st))
-            pending.add("checksum", self._checksums() if self.checksums else [])
-            # The loss rides along with the step's one read-back instead of its own sync.
-            pending.add("loss", [loss.detach().reshape(()).float()] if keys["scalar_loss"]
-                        else [])
-        return pending, keys
-
-    def _checksums(self) -> list[torch.Tensor]:
-        """Each fingerprinted tensor's value checksum: the probe's where its pass took it (the
-        same number), else taken here."""
-        taken = self.probe.checksums
-        return [taken[k] if k in taken else checksum(self.local[k])
-                for k in self.shards.fingerprinted]
+    def _record(self, st: StepState, end: step_end.Resolved, checksums: np.ndarray) -> None:
+        """Add the step to the records, for the tensors it is recorded for, and count its
+        skipped optimizer steps; the earned shares judge it first (it was hooked)."""
+        for share in self._earned:
+            share.judge_step(st)
+        # A step some optimizer skipped counts its skips; a merged skip is one a later
+        # iteration of the same step ran on from (the watch's steps, which every optimizer took).
+        skipping = end.skipping
+        self.skipped_optimizer_steps += int(skipping.sum()) if skipping.any() else end.merged
+        rows = resting_rows(self.inv.rows, self.resting, st.used)
+        self.resting = set()
+        self.records.add(st.index, {
+            "requires_grad": st.requires_grad, "used": st.used, "grad_norm": end.grad_norm,
+            "grad_total_norm": end.grad_total, "carried_grad": end.carried_grad,
+            "delta_norm": end.delta, "update_ratio": end.ratio, "changed": end.changed,
+            "lr": st.lr, "nonfinite": end.nonfinite,
+            "skipped": self.holdings.skipped(st, skipping),
+            **({"checksum": checksums} if self.checksums else {})}, rows)
 
     # ----------------------------------------------------------------- optimizer time
     def _optimizer_hook(self, i: int) -> Callable:
+        """Optimizer `i`'s step pre-hook: it stepped, and what it holds is read as it sees it."""
         strategies, rest = self._strategies, self._read_by[i]
 
         def hook(*_args):
@@ -270,7 +233,7 @@ class Observer:
                 for strategy in strategies:
                     strategy.at_optimizer_step(i, self.state)
                 if len(rest):
-                    self._read_at_step(rest)
+                    read_at_step(self, rest)
         return hook
 
     def step_ended(self, i: int) -> None:
@@ -279,7 +242,7 @@ class Observer:
         optimizer saw it. Without this call a closure's .grad is read before it ran."""
         self.stepping = None
         if self.active:
-            self._read_at_step(self._read_by[i])
+            read_at_step(self, self._read_by[i])
 
     def closure_backward(self, touched: list[int]) -> None:
         """A backward ended inside optimizer `stepping`'s step(): forget its stale reads."""
@@ -287,41 +250,6 @@ class Observer:
         stale = np.intersect1d(np.asarray(touched, dtype=np.int64), held[self.state.read[held]])
         if len(stale):
             self.state.forget_reads(stale)
-
-    def _read_at_step(self, indices: np.ndarray) -> None:
-        """What an optimizer sees as it steps: requires_grad, lr and .grad of what it holds."""
-        st = self.state
-        idx = indices[~st.read[indices]]
-        if not len(idx):
-            return
-        st.read[idx] = True
-        tensors, ks = self.tensors, idx.tolist()
-        st.requires_grad[idx] = [tensors[k].requires_grad for k in ks]
-        slots = self._slot_of[idx]
-        if (slots >= 0).any():
-            st.lr[idx[slots >= 0]] = self.group_lrs()[slots[slots >= 0]]
-        untouched = self.loop.grads_untouched_until_step
-        if untouched:  # measured at backward end: known to be there
-            has_grad = st.on_grad[idx].copy()
-            rest = np.flatnonzero(~has_grad)
-            has_grad[rest] = [tensors[ks[j]].grad is not None for j in rest]
-        else:
-            has_grad = np.array([tensors[k].grad is not None for k in ks], dtype=bool)
-        # A .grad nothing rewrote since backward ended (no clipping, no unscaling) already has
-        # its norm: skip a pass over it.
-        reusable = has_grad & st.on_grad[idx]
-        if not untouched:
-            for j in np.flatnonzero(reusable):
-                g, version = st.grad_versions[ks[j]]
-                reusable[j] = tensors[ks[j]].grad is g and g._version == version
-        st.total_is_fresh.append(idx[reusable])
-        if not untouched:  # a version the unscaling kernel did not bump: look at a few again
-            rewrites.queue(st, idx[reusable], tensors)
-        todo = idx[has_grad & ~reusable].tolist()
-        grads = [tensors[k].grad for k in todo]
-        with torch.no_grad():  # a DTensor's .grad: measured through this rank's shard of it
-            st.total_norms.update(zip(todo, norms(list(map(local, grads)) if self.sharded
-                                                  else grads)))
 
     def group_lrs(self) -> np.ndarray:
         """The lr of each (optimizer, param group) slot, as it is now."""

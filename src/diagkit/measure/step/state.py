@@ -1,8 +1,8 @@
 """What the observer knows about the step in progress, and what the loop promises about it.
 
 `StepState` is made fresh by `Observer.begin_step` and read once by `Observer.end_step`; the
-observation strategies (`diagkit.measure.step.gradients`) fill it as the step runs. Arrays are
-indexed like the inventory's tensors (`k`).
+observation strategies (`diagkit.measure.step.gradients`, `backward_hooks`) fill it as the step
+runs. Arrays are indexed like the inventory's tensors (`k`).
 """
 
 from __future__ import annotations

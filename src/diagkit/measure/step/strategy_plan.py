@@ -1,10 +1,10 @@
 """Which strategy observes each tensor's gradients, planned once when an observer is built.
 
 Every tensor is observed by exactly one strategy (`diagkit.measure.step.gradients`): a backward
-hook, or its optimizer's share (the tensors it holds that no earlier optimizer holds). What
-the loop guarantees (`LoopFacts`) decides: diagkit's standard loop reads shares without hooks
-from the start (`OptimizerShare`); a user's loop without a process group may earn it at run
-time (`EarnedShare`, hooked until then); otherwise every tensor is hooked.
+hook (`backward_hooks`), or its optimizer's share (the tensors it holds that no earlier
+optimizer holds). What the loop guarantees (`LoopFacts`) decides: diagkit's standard loop reads
+shares without hooks from the start (`OptimizerShare`); a user's loop without a process group
+may earn it at run time (`EarnedShare`, hooked until then); otherwise every tensor is hooked.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import numpy as np
 from .earned_share import EarnedShare
 from ..engines.fsdp1 import ViewHooks
 from ..engines.zero import ZeroView
-from .gradients import BackwardHooks, GradientStrategy, OptimizerShare
+from .backward_hooks import BackwardHooks
+from .gradients import GradientStrategy, OptimizerShare
 
 
 @dataclasses.dataclass
@@ -29,7 +30,7 @@ class Plan:
 def plan_strategies(obs, held_by: list[np.ndarray], handles: list) -> Plan:
     """The strategies of observer `obs`, whose optimizer i holds the tensors `held_by[i]`;
     hooks an earned share sets again go to `handles`."""
-    loop, args = obs.loop, (obs._grad_buckets, obs._slot_of)
+    loop, args = obs.loop, (obs.grad_buckets, obs.slot_of)
     parts = _share_indices(obs.n, held_by)
     shares = ([OptimizerShare(obs, i, mine, *args) for i, mine in parts]
               if loop.hookless_shares else [])

@@ -54,7 +54,7 @@ def _why(exc: BaseException) -> str:
 
 def json_on_stdout(args) -> bool:
     """Whether `--json` is standard output (`-`, `/dev/stdout`): then it holds the JSON alone."""
-    from ...core.files import file_target
+    from ...core.paths import file_target
     path = getattr(args, "json", None)
     if not path:
         return False

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from ...core.errors import DiagkitError
-from ...core.files import lookup
+from ...core.paths import lookup
 from ...core.shipped import shipped
 
 LAUNCH_ENV = "DIAGKIT_LAUNCH_DIR"
