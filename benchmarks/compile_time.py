@@ -32,7 +32,7 @@ def _counts() -> dict:
 
 
 def time_compiled(build, cfg: dict, rounds: int = 5, k: int = 3) -> dict:
-    """`build(kind, cfg)` is overhead.py's (model, optimizer, batch_fn, loss_fn)."""
+    """`build(kind, cfg)` is bench_common's (model, optimizer, batch_fn, loss_fn)."""
     import torch
     import diagkit
     from diagkit.measure.model.restore import SavedState

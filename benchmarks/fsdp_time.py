@@ -24,7 +24,7 @@ def time_fsdp(build, kind: str, cfg: dict, rounds: int, k: int) -> dict:
     in a gloo process group of one (started here, in memory, and ended after)."""
     import torch.distributed as dist
 
-    from overhead import two_group_adamw
+    from bench_common import two_group_adamw
     from watch_time import time_watch
 
     def sharded(kind: str, cfg: dict):

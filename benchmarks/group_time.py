@@ -24,7 +24,7 @@ ENGINES = ("ddp", "fsdp2")
 def _wrapped(engine: str):
     """A `build(kind, cfg)` that returns the model wrapped by `engine`, and its AdamW."""
     from fsdp_time import shard_blocks
-    from overhead import build, two_group_adamw
+    from bench_common import build, two_group_adamw
 
     def wrapped(kind: str, cfg: dict):
         model, _, batch_fn, loss_fn = build(kind, cfg)

@@ -36,7 +36,7 @@ if {src!r}:
 import torch
 torch.set_num_threads(1)
 import diagkit
-from overhead import build
+from bench_common import build
 from watch_time import timed_steps
 
 med = statistics.median
@@ -194,7 +194,7 @@ def live_lines(r: dict) -> list[tuple]:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     sys.path.insert(0, str(HERE))
-    from overhead import SIZES
+    from bench_common import SIZES
     mode = "quick" if "--quick" in argv else "full"
     src = argv[argv.index("--src") + 1] if "--src" in argv else ""
     only = argv[argv.index("--only") + 1] if "--only" in argv else ""
