@@ -10,22 +10,34 @@ Per-step columns (those of schema.STEPS_COLUMNS) take a list (one value per step
 aggregates (steps, rg_steps, used_steps, ...) and `requires_grad` at the last step are computed
 from the per-step values, so the two tables always agree.
 
-The session also fails if any process the tests started outlives it (tests/leaks.py); the
-tiers and the spreading over xdist's workers are in tests/suite_plan.py.
+The helpers the tests share live in tests/helpers/ (the shared models, the jobs, the command
+line in this process, the browser, ...): a plain folder, not a package, that this file puts
+first on sys.path, so a test imports them by their own names (`from models import MLP`). A
+program a test starts in another process that imports them gets tests/helpers on its
+PYTHONPATH (or as the folder of its script).
+
+The session also fails if any process the tests started outlives it (tests/helpers/leaks.py);
+the tiers and the spreading over xdist's workers are in tests/suite_plan.py.
 """
 
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import pandas as pd
 
 from diagkit.core.schema import PARAMS_COLUMNS, STEPS_COLUMNS
-import leaks
-import suite_plan
-from samples import demo
+
+HELPERS = Path(__file__).resolve().parent / "helpers"
+if str(HELPERS) not in sys.path:
+    sys.path.insert(0, str(HELPERS))  # before the imports below: leaks and samples live there
+import leaks  # noqa: E402 (tests/helpers/, on sys.path above)
+import suite_plan  # noqa: E402
+from samples import demo  # noqa: E402
 
 
 def pytest_configure(config):

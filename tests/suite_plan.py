@@ -21,11 +21,13 @@ import pytest
 HERE = Path(__file__).resolve().parent
 WHOLE_JOB_DIRS = ("e2e", "integrations")
 # Modules of tests/e2e/ and tests/integrations/ that only run diagkit in this process, quickly.
-QUICK_E2E = {"e2e/test_zoo.py"}
+QUICK_E2E = {"e2e/test_zoo.py", "e2e/test_zoo_updates.py", "e2e/test_zoo_optimizers.py",
+             "e2e/test_zoo_loops.py"}
 # Unit tests (by nodeid prefix, relative to tests/) that run whole jobs in other processes: the
 # console script, papermill / nbclient kernels, a browser.
 SLOW_UNIT = (
-    "run/cli/test_cli.py", "run/cli/test_faults.py", "run/workbook/test_workbook.py", "run/workbook/test_report.py",
+    "run/cli/test_cli.py", "run/cli/test_faults.py", "run/cli/test_faults_signals.py",
+    "run/cli/test_faults_timeouts.py", "run/workbook/test_workbook.py", "run/workbook/test_report.py",
     "run/workbook/test_report_from.py", "run/workbook/test_report_env.py", "run/workbook/test_notebook_errors.py",
     "run/workbook/test_notebook_stale.py",
     "run/target/test_paths.py",

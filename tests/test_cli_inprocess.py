@@ -1,5 +1,6 @@
-"""tests/cli_inprocess.py's `run_cli` answers as the console script in a subprocess does, catches
-every kind of output a process would, and puts the process's state back after each call."""
+"""tests/helpers/cli_inprocess.py's `run_cli` answers as the console script in a subprocess
+does, catches every kind of output a process would, and puts the process's state back after
+each call."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The suite's own promise: no process started by the tests outlives the session
-(tests/leaks.py), and a job run through tests/jobs.py leaves none of its ranks behind."""
+(tests/helpers/leaks.py), and a job run through tests/helpers/jobs.py leaves none of its ranks
+behind."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def test_cleans_up():
 def pytest_run(tmp_path: Path, body: str, **env_extra: str) -> subprocess.CompletedProcess:
     """A pytest session of its own, with the leak check, on a one-file suite."""
     (tmp_path / "test_inner.py").write_text(body)
-    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (str(HERE / "helpers"), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "DIAGKIT_TEST_LEAK_GRACE_S": "1", "PYTHONPATH": path, **env_extra}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "leaks", "-q", "-p",
                            "no:cacheprovider", "test_inner.py"], cwd=tmp_path, env=env,

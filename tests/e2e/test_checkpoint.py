@@ -175,7 +175,7 @@ def test_another_architecture_is_an_error(tmp_path):
 
 
 def test_cli_shows_the_load_report_and_refuses_bad_files(tmp_path):
-    # The first run in this process (tests/cli_inprocess.py); the second is the real console
+    # The first run in this process (tests/helpers/cli_inprocess.py); the second is the real console
     # script, in a subprocess.
     run = run_cli("check", "diagkit.demos:finetune_heads", "--checkpoint", PRETRAIN,
                   "--steps", "2")

@@ -8,7 +8,7 @@ stderr and exit 2, never a hang, a traceback or an "internal error".
   and a console that cannot encode "→" or "—" (PYTHONIOENCODING=ascii) ended in a
   UnicodeEncodeError. A checkpoint whose file name is not UTF-8 was called unreadable.
 
-The command line runs in this process (tests/cli_inprocess.py: what it prints, writes and
+The command line runs in this process (tests/helpers/cli_inprocess.py: what it prints, writes and
 exits with is what a process of it would), from one module fixture. A real subprocess of the
 console script, which imports torch afresh (seconds), where only a process will do: the
 interpreter's own console encoding (PYTHONIOENCODING=ascii), and the console script itself

@@ -27,7 +27,7 @@ from core_paths import WORKBOOK
 from test_core_dependencies import closure, project
 
 REPO = Path(__file__).resolve().parents[2]
-TESTS = REPO / "tests"
+HELPERS = REPO / "tests" / "helpers"
 
 
 def build_wheel(out: Path) -> Path:
@@ -99,7 +99,7 @@ def test_the_notebook_side_is_not_there(fresh, tmp_path):
 
 
 def test_the_core_watches_saves_loads_and_checks(fresh, tmp_path):
-    done = run(fresh, "python", str(TESTS / "core_paths.py"), str(tmp_path), cwd=tmp_path)
+    done = run(fresh, "python", str(HELPERS / "core_paths.py"), str(tmp_path), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["diagkit"].startswith(str(fresh.parent))  # the wheel, not this tree

@@ -1,8 +1,8 @@
 """Real torch.distributed runs: torchrun, 2 processes, gloo on this CPU.
 
 The demos whose ranks all end together (forward_arg, rank_branch, ddp_strict) share one
-torchrun job (`tests/ranks_one_job.py`: each is the real `diagnose_distributed` call, its ranks
-those of the shared job); the CLI's run and the faults of the launcher's own (a rank that
+torchrun job (`tests/helpers/ranks_one_job.py`: each is the real `diagnose_distributed` call,
+its ranks those of the shared job); the CLI's run and the faults of the launcher's own (a rank that
 hangs, raises or dies alone) keep a job each."""
 
 import json

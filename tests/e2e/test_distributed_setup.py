@@ -3,7 +3,7 @@ its own `steps`, a batch source that yields exactly that many batches (diagkit's
 draws no more), sibling imports of a file target, and a `loss_fn` that gets the model the
 target returned (a Lightning-style `model.training_step(batch)`), with DDP still averaging.
 
-The runs that end well share one torchrun job (`tests/ranks_one_job.py`: each is the real
+The runs that end well share one torchrun job (`tests/helpers/ranks_one_job.py`: each is the real
 `diagnose_distributed` call, its ranks those of the shared job); the faults below, which are
 the launcher's own (a rank that fails or hangs alone), keep a job each."""
 

@@ -6,7 +6,7 @@ the whole tensors, which the torchrun program measures itself with `full_tensor(
 The four programs of one process share one process (`one_process`): each is what a process of
 its own would do, one after the other. The torchrun jobs are not shared: a rank's FSDP2 run
 leaves DTensor's caches naming its process group, which a later group in the same process
-cannot use (tests/ranks_one_job.py)."""
+cannot use (tests/helpers/ranks_one_job.py)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1",
-       "PYTHONPATH": os.pathsep.join(map(str, (ROOT / "src", ROOT / "tests")))}
+       "PYTHONPATH": os.pathsep.join(map(str, (ROOT / "src", ROOT / "tests" / "helpers")))}
 STEPS = 3
 
 PROGRAM = textwrap.dedent('''
@@ -76,7 +76,7 @@ PROGRAM = textwrap.dedent('''
             out[f"slices {nested}"] = sorted(tuple(p.shape) for p in fsdp.parameters())
     if dist.get_rank() == 0:
         json.dump(out, open(sys.argv[1], "w"))
-    dist.barrier()  # nobody leaves before rank 0 wrote (tests/jobs.py)
+    dist.barrier()  # nobody leaves before rank 0 wrote (tests/helpers/jobs.py)
     dist.destroy_process_group()
 ''')
 

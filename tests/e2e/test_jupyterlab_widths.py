@@ -1,8 +1,8 @@
 """The findings and their fixes, readable at every width in real JupyterLab, light and dark.
 
-One private JupyterLab (tests/jupyter.py), one Chromium page (tests/cdp.py): the shipped
-notebook runs on its defaults, with one cell added at its end that shows `diag` itself (the
-`Diagnosis` HTML repr a user gets from `diag` in a cell). Then, in the light and the dark
+One private JupyterLab (tests/helpers/jupyter.py), one Chromium page (tests/helpers/cdp.py):
+the shipped notebook runs on its defaults, with one cell added at its end that shows `diag`
+itself (the `Diagnosis` HTML repr a user gets from `diag` in a cell). Then, in the light and the dark
 theme, at a 968 px and a 1400 px window: no code is cut or needs a sideways scroll (issue 37:
 `optimizer.add_par…` in the repr and in the notebook's findings table), no number is split
 from its unit, the fix's words and code read against their background, and each block of code

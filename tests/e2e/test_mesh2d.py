@@ -87,7 +87,7 @@ PROGRAM = textwrap.dedent('''
                     "shapes": dict(zip(diag.params["name"], map(list, diag.params["shape"])))}
     if dist.get_rank() == 0:
         json.dump(out, open(sys.argv[1], "w"))
-    dist.barrier()  # nobody leaves before rank 0 wrote (tests/jobs.py)
+    dist.barrier()  # nobody leaves before rank 0 wrote (tests/helpers/jobs.py)
     dist.destroy_process_group()
 ''')
 

@@ -1,7 +1,7 @@
 """`diagkit check TARGET --meta` from the command line: a LLaMA model with a peft LoRA wrapper
 built after its optimizer (the optimizer-before-wrap bug), tiny and at 70B, and the one-line
 refusals of what a dry run cannot do (docs/meta.md, "Dry run on meta"). The command runs in
-this process (tests/cli_inprocess.py), but for the real console script in a subprocess (the
+this process (tests/helpers/cli_inprocess.py), but for the real console script in a subprocess (the
 `--nproc 2` refusal of test_what_a_dry_run_cannot_do_is_one_line_exit_2) and the 70B run,
 whose peak memory is its own process's."""
 

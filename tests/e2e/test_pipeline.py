@@ -85,7 +85,7 @@ PROGRAM = textwrap.dedent('''
         out[f"whole {planted}"] = run(planted, None, 2)
     if rank == 0:
         json.dump(out, open(sys.argv[1], "w"))
-    dist.barrier()  # nobody leaves before rank 0 wrote (tests/jobs.py)
+    dist.barrier()  # nobody leaves before rank 0 wrote (tests/helpers/jobs.py)
     dist.destroy_process_group()
 ''')
 

@@ -60,7 +60,7 @@ PROGRAM = textwrap.dedent('''
                              for n, g in s.groupby("name")},
                    "ranks": sorted(set(s["rank"])), "nan": bool(s["checksum"].isna().any()),
                    "taken": sum(taken)}, open(sys.argv[1], "w"))
-    dist.barrier()  # nobody leaves before rank 0 wrote (tests/jobs.py)
+    dist.barrier()  # nobody leaves before rank 0 wrote (tests/helpers/jobs.py)
     dist.destroy_process_group()
 ''')
 

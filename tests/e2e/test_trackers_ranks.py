@@ -42,7 +42,7 @@ if rank == 0:
                "nproc": w.diagnosis.meta.get("nproc")}, open(sys.argv[1], "w"))
 else:
     json.dump({"opened": opened}, open("rank1.json", "w"))
-dist.barrier()  # nobody leaves before rank 0 wrote (tests/jobs.py)
+dist.barrier()  # nobody leaves before rank 0 wrote (tests/helpers/jobs.py)
 dist.destroy_process_group()
 '''
 

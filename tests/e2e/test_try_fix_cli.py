@@ -71,7 +71,7 @@ def test_try_fix_refuses_meta_and_checkpoint(capsys, extra, words):
 
 
 # The real console script, in a subprocess: the --nproc runs below (the rest of the module
-# runs the command line in this process: `main`, and tests/cli_inprocess.py's `run_cli`).
+# runs the command line in this process: `main`, and tests/helpers/cli_inprocess.py's `run_cli`).
 def test_try_fix_nproc_2_shows_the_two_step_times():
     run = subprocess.run([DIAGKIT, "check", "diagkit.demos:finetune_heads", "--nproc", "2",
                           "--steps", "3", "--try-fix"], capture_output=True, text=True,

@@ -7,7 +7,7 @@ import pytest
 
 from diagkit.run.diagnose.launcher import diagnose_distributed
 
-TARGET = f"{Path(__file__).with_name('unregistered_targets.py')}:build"
+TARGET = f"{Path(__file__).resolve().parents[1] / 'helpers' / 'unregistered_targets.py'}:build"
 LOOSE = ["layers[0].bias", "layers[0].weight", "layers[1].bias", "layers[1].weight",
          "logit_scale"]
 

@@ -3,7 +3,7 @@
 launched by real torchrun. Each program gains at most 3 lines, marked `# diagkit`.
 
 The DDP example on one node, with its diagkit lines and without them, runs in one torchrun
-job (`one_node`, tests/ranks_one_job.py: one program after the other in the same ranks, each
+job (`one_node`, tests/helpers/ranks_one_job.py: one program after the other in the same ranks, each
 with a process group of its own); the two nodes and the hanging rank keep a job each."""
 
 from __future__ import annotations

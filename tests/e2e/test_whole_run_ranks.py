@@ -48,7 +48,7 @@ if rank == 0:
     from diagkit.present.ranks import rank_view
     seen.update(ranks=w.diagnosis.meta["ranks"], view=rank_view(w.diagnosis))
 json.dump(seen, open(f"{out}.rank{rank}.json", "w"))
-dist.barrier()  # nobody leaves before rank 0 wrote (tests/jobs.py)
+dist.barrier()  # nobody leaves before rank 0 wrote (tests/helpers/jobs.py)
 dist.destroy_process_group()
 '''
 

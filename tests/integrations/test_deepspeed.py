@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0",
-       "PYTHONPATH": os.pathsep.join(map(str, (ROOT / "src", ROOT / "tests")))}
+       "PYTHONPATH": os.pathsep.join(map(str, (ROOT / "src", ROOT / "tests" / "helpers")))}
 STEPS = 3
 
 PROGRAM = textwrap.dedent('''
@@ -111,7 +111,7 @@ PROGRAM = textwrap.dedent('''
         out["fp16"] = "unsupported"
         if dist.get_rank() == 0:
             json.dump(out, open(sys.argv[1], "w"))
-        dist.barrier()  # nobody leaves before rank 0 wrote (tests/jobs.py)
+        dist.barrier()  # nobody leaves before rank 0 wrote (tests/helpers/jobs.py)
         dist.destroy_process_group()
         sys.exit(0)
     torch.manual_seed(0)
@@ -137,7 +137,7 @@ PROGRAM = textwrap.dedent('''
                        "dtype": sorted(set(d.params["dtype"]))}
     if dist.get_rank() == 0:
         json.dump(out, open(sys.argv[1], "w"))
-    dist.barrier()  # nobody leaves before rank 0 wrote (tests/jobs.py)
+    dist.barrier()  # nobody leaves before rank 0 wrote (tests/helpers/jobs.py)
     dist.destroy_process_group()
 ''')
 

@@ -32,8 +32,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0",
-       "PYTHONPATH": os.pathsep.join(str(p) for p in (ROOT / "src", ROOT / "tests",
-                                                      ROOT / "tests" / "integrations"))}
+       "PYTHONPATH": os.pathsep.join(map(str, (ROOT / "src", ROOT / "tests" / "helpers")))}
 STEPS = 3
 
 PROGRAM = textwrap.dedent('''
@@ -133,7 +132,7 @@ PROGRAM = textwrap.dedent('''
         out[f"trainer {stage} {planted}"] = trainer_run(stage, planted)
     if dist.get_rank() == 0:
         json.dump(out, open(sys.argv[1], "w"))
-    dist.barrier()  # nobody leaves before rank 0 wrote (tests/jobs.py)
+    dist.barrier()  # nobody leaves before rank 0 wrote (tests/helpers/jobs.py)
     dist.destroy_process_group()
 ''')
 

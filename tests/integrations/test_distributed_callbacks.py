@@ -15,7 +15,7 @@ import diagkit
 from integration_helpers import OFFLINE
 from jobs import finished, run_job
 
-HERE = Path(__file__).resolve().parent
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"  # ddp_jobs.py and what it imports
 CASES = {"hf": ("transformers", {"score.weight": ["orphan"]}),
          "lightning": ("lightning", {"dead.weight": ["unused"], "dead.bias": ["unused"]})}
 
@@ -24,9 +24,9 @@ CASES = {"hf": ("transformers", {"score.weight": ["orphan"]}),
 def test_rank_0_gathers_and_alone_writes(job, tmp_path):
     pytest.importorskip(CASES[job][0])
     env = {**os.environ, **OFFLINE, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")])}
     done = run_job([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc-per-node=2", "--max-restarts=0", str(HERE / "ddp_jobs.py"),
+                    "--nproc-per-node=2", "--max-restarts=0", str(HELPERS / "ddp_jobs.py"),
                     job, str(tmp_path / "diag")], cwd=tmp_path, env=env, timeout=300)
     assert finished(done.returncode, done.stdout + done.stderr), \
         done.stdout[-3000:] + done.stderr[-3000:]

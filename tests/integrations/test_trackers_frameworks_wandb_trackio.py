@@ -9,7 +9,7 @@ none of diagkit's keys.
 
 Nothing leaves the machine: W&B offline with every folder in the module's temporary folder (its
 service ended at the module's end), Trackio with `TRACKIO_DIR` there, no Space, Hugging Face
-offline (tests/tracker_readers.py has the settings and the readers).
+offline (tests/helpers/tracker_readers.py has the settings and the readers).
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def hf_trackio(tmp_path_factory) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in TRACKIO_REMOTE}
     env.update(TRACKIO_DIR=str(folder / "store"), HF_HUB_OFFLINE="1",
                HF_HUB_DISABLE_TELEMETRY="1", GRADIO_ANALYTICS_ENABLED="False",
-               PYTHONPATH=os.pathsep.join(p for p in (str(HERE.parent), str(HERE.parent.parent),
+               PYTHONPATH=os.pathsep.join(p for p in (str(HERE.parents[1] / "helpers"),
                                                       env.get("PYTHONPATH")) if p))
     done = subprocess.run([sys.executable, str(HERE), str(folder)], env=env,
                           capture_output=True, text=True, timeout=240)

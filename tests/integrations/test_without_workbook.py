@@ -18,8 +18,8 @@ from pathlib import Path
 from core_paths import WORKBOOK
 from jupyter_client.manager import start_new_kernel
 
-TESTS = Path(__file__).resolve().parents[1]
-REPO = TESTS.parent
+REPO = Path(__file__).resolve().parents[2]
+HELPERS = REPO / "tests" / "helpers"
 
 EXTRA = "pip install 'diagkit[workbook]'"
 
@@ -34,7 +34,7 @@ def run_script(code: str, cwd: Path) -> dict:
 
 def test_the_core_paths_import_nothing_of_the_workbook(tmp_path):
     """Here the workbook is installed: the core paths work and never import it."""
-    done = subprocess.run([sys.executable, str(TESTS / "core_paths.py"), str(tmp_path)],
+    done = subprocess.run([sys.executable, str(HELPERS / "core_paths.py"), str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])

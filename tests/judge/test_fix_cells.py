@@ -10,11 +10,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1]
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 CELLS = [f"""import sys
 def configure_optimizers(m):
     return torch.optim.SGD(m.fc1.parameters(), lr=0.1)
-sys.path.insert(0, {str(TESTS)!r})""",
+sys.path.insert(0, {str(HELPERS)!r})""",
          """import torch, diagkit
 from models import MLP, fixed_batch, mse_loss
 from diagkit.measure.origin.provenance import record_optimizer_sources, sources_for

@@ -1,5 +1,5 @@
 """Figures of the presenting layer: on the demos, on empty runs, on hostile names, at scale
-(the shared results are in tests/samples.py)."""
+(the shared results are in tests/helpers/samples.py)."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from jupyter_client.manager import start_new_kernel
 
-TESTS = Path(__file__).resolve().parents[1]
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 CELLS = [f"""import sys, json
-sys.path.insert(0, {str(TESTS)!r})
+sys.path.insert(0, {str(HELPERS)!r})
 import torch, diagkit
 from models import TwoHeads, two_heads_groups
 torch.manual_seed(0)

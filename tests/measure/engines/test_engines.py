@@ -12,7 +12,7 @@ from torch import nn
 
 import diagkit
 from diagkit.measure.model.inventory import take_inventory
-from tests.models import MLP, fixed_batch, sum_loss
+from models import MLP, fixed_batch, sum_loss
 
 
 class FlatAdam(torch.optim.Optimizer):

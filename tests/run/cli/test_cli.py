@@ -1,10 +1,10 @@
 """The `diagkit` command line (SPEC 4 and 6): exit codes 0/1/2, one line on stderr for bad
 input, JSON output, a failing step, and the self-contained demo report.
 
-The command line runs in this process (tests/cli_inprocess.py: what it prints, writes and exits
-with is what a process of it would), the bad-input cases from one module-scoped fixture; the
-real console script, in a subprocess that imports torch afresh (a few seconds), runs a whole
-check (test_check_meta_memory_exits_1_and_writes_json) and a bad option
+The command line runs in this process (tests/helpers/cli_inprocess.py: what it prints, writes
+and exits with is what a process of it would), the bad-input cases from one module-scoped
+fixture; the real console script, in a subprocess that imports torch afresh (a few seconds),
+runs a whole check (test_check_meta_memory_exits_1_and_writes_json) and a bad option
 (test_bad_fail_on_value_is_exit_2). Every case uses `--steps 2`.
 """
 

@@ -18,7 +18,7 @@ from diagkit.run.workbook import notebook
 from diagkit.run.diagnose.try_fix import try_fixes
 
 TESTS = Path(__file__).resolve().parents[2]
-TARGETS = "fix_targets"  # pytest puts tests/ on sys.path (as for `models`)
+TARGETS = "fix_targets"  # on sys.path: tests/conftest.py puts tests/helpers/ there (as `models`)
 NOTEBOOK = TESTS.parent / "notebooks" / "diagnose.ipynb"
 
 

@@ -21,7 +21,7 @@ from diagkit.run.live.view import check_live, shown
 from doc_blocks import DOCS, snippet
 from models import TwoHeads, two_heads_groups
 
-TESTS = Path(__file__).resolve().parents[2]
+HELPERS = Path(__file__).resolve().parents[2] / "helpers"
 
 
 def in_ipython(code: str) -> dict:
@@ -29,7 +29,7 @@ def in_ipython(code: str) -> dict:
     shows the panel there); it prints one JSON object, returned here."""
     prelude = f"""
         import json, sys, time
-        sys.path.insert(0, {str(TESTS)!r})
+        sys.path.insert(0, {str(HELPERS)!r})
         from IPython.core.interactiveshell import InteractiveShell
         InteractiveShell.instance()
         import torch, diagkit

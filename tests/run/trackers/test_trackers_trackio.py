@@ -36,7 +36,7 @@ def stored(tmp_path_factory) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in REMOTE}
     env.update(TRACKIO_DIR=str(folder / "store"), HF_HUB_OFFLINE="1",
                HF_HUB_DISABLE_TELEMETRY="1", GRADIO_ANALYTICS_ENABLED="False",
-               PYTHONPATH=os.pathsep.join(p for p in (str(HERE.parents[2]),
+               PYTHONPATH=os.pathsep.join(p for p in (str(HERE.parents[2] / "helpers"),
                                                       env.get("PYTHONPATH")) if p))
     done = subprocess.run([sys.executable, str(HERE), str(folder)], env=env,
                           capture_output=True, text=True, timeout=120)

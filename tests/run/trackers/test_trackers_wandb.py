@@ -2,8 +2,8 @@
 the user opened, read back from the offline run's own files (docs/integrations.md, "Trackers").
 
 W&B runs offline here: nothing reaches the network. Offline, every record of the run is in its
-transaction log (`run-<id>.wandb`, what `wandb sync` uploads), which tests/tracker_readers.py
-reads back. W&B's service process is ended
+transaction log (`run-<id>.wandb`, what `wandb sync` uploads), which
+tests/helpers/tracker_readers.py reads back. W&B's service process is ended
 at the module's end (`wandb.teardown`): the suite fails on a process left behind.
 """
 

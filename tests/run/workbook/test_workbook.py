@@ -111,7 +111,7 @@ TINY = {"diagnose.ipynb": {"steps": 1}}  # other notebooks run on their defaults
 # A notebook whose run on its defaults, in a folder of its own, another module already makes
 # and checks more closely: {notebook: (that module, the test)}.
 EXECUTED_ELSEWHERE = {
-    "compare_checkpoints.ipynb": ("e2e/test_compare.py",
+    "compare_checkpoints.ipynb": ("e2e/test_compare_notebook.py",
                                   "test_notebook_runs_with_default_parameters"),
 }
 
@@ -256,7 +256,7 @@ def test_the_documented_headless_command_draws_no_papermill_warning(tmp_path):
 @pytest.mark.parametrize("bad, words", [
     ({"steps": "ten"}, "notebook parameter 'steps' must be int or None, got str 'ten'"),
     ({"out_dir": 3}, "notebook parameter 'out_dir' must be str or None, got int 3"),
-])  # the compare notebook's other types: test_compare.py, check_parameters
+])  # the compare notebook's other types: test_compare_notebook.py, check_parameters
 def test_a_wrong_type_still_fails_the_notebook_in_one_line(tmp_path, bad, words):
     path = COMPARE if "checkpoint_a" in bad or "out_dir" in bad else DIAGNOSE
     with pytest.raises(PapermillExecutionError) as info:

@@ -11,9 +11,10 @@ the real one:
 
 1. each call is made for real up to its launch: the options checked, the spec written (by
    `diagnose_distributed` itself); `launcher._launch` is patched to keep that spec and stop;
-2. one torchrun job (the launcher's command line and environment, `tests/jobs.run_job`: no
-   process outlives it) runs `python -m diagkit.run.diagnose.worker SPEC` (runpy) for every spec in
-   turn, in the same 2 ranks: each run starts its own process group and destroys it;
+2. one torchrun job (the launcher's command line and environment, `run_job` of
+   tests/helpers/jobs.py: no process outlives it) runs `python -m diagkit.run.diagnose.worker
+   SPEC` (runpy) for every spec in turn, in the same 2 ranks: each run starts its own process
+   group and destroys it;
 3. each call is made again, its `_launch` patched to hand it the run folder that run's ranks
    wrote (and torchrun's exit code for it): the launcher assembles, names failures and judges
    as always.

@@ -42,9 +42,9 @@ What differs from a real process, so which tests must stay a subprocess:
   imported from site-packages, warnings a module gives only when first imported. A dotted
   target is imported once per worker (`diagkit.demos:*` and the tests' own modules are fine:
   they never change); a dotted target a test writes into its own folder is not for `run_cli`.
-  `sys.path` is pytest's: it holds tests/ and the folder `python -m pytest` started in, which
-  the console script's does not, so a module target found only there (`fix_targets:orphan`)
-  is found here and not by the console script.
+  `sys.path` is pytest's: it holds tests/helpers/ and the folder `python -m pytest` started
+  in, which the console script's does not, so a module target found only there
+  (`fix_targets:orphan`) is found here and not by the console script.
 - **The console script itself** (its installed entry point, `python -m diagkit`, a wheel):
   only a subprocess runs it.
 - **Ending by a signal** (SIGINT / SIGTERM sent to the command, exit 130 / 143): a signal
@@ -85,7 +85,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DIAGKIT = str(Path(sys.executable).parent / "diagkit")  # the console script, for sys.argv[0]
 TIMEOUT = 600  # seconds: run_cli's safety net against a call that never ends
 # The warning filters of an interpreter started without -W or PYTHONWARNINGS (in order).

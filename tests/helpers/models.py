@@ -245,13 +245,13 @@ def two_heads_groups(named: dict, planted: bool) -> list[dict]:
 
 
 def two_heads_cell(steps: int, wait: str = "") -> str:
-    """The first cell of the workbook tests (a notebook in JupyterLab, an IPython shell): the
-    tests folder importable, `TwoHeads` with head2 left out of `optimizer` (two groups: decay
+    """The first cell of the workbook tests (a notebook in JupyterLab, an IPython shell):
+    tests/helpers/ importable, `TwoHeads` with head2 left out of `optimizer` (two groups: decay
     and no decay), and a `loader` of `steps` + 10 batches, each after `wait` (code that sleeps:
     a loader that takes its time gives a live panel time to move)."""
-    tests = str(Path(__file__).resolve().parent)
+    helpers = str(Path(__file__).resolve().parent)
     return f"""import sys, time
-sys.path.insert(0, {tests!r})
+sys.path.insert(0, {helpers!r})
 import torch
 import diagkit
 from models import TwoHeads, two_heads_groups

@@ -3,7 +3,7 @@ that prints one JSON object: run by tests/integrations/test_without_workbook.py 
 (where the workbook is installed but must not be imported) and by tests/e2e/test_core_wheel.py
 in a fresh venv holding the core wheel only.
 
-    python tests/core_paths.py WORKDIR
+    python tests/helpers/core_paths.py WORKDIR
 
 Each path's result, or its error in one line, so a path that fails fails its own assertion:
 a watch of N steps, a whole-run watch, save and load, print, `diagnose`, `diagkit check --json`,

@@ -1,5 +1,5 @@
 """Drive a real headless Chromium through the Chrome DevTools Protocol (CDP), for browser tests
-that must click, type and look (tests/browser.py only loads a page and dumps its DOM).
+that must click, type and look (tests/helpers/browser.py only loads a page and dumps its DOM).
 
     with Browser() as page:                 # a fresh profile, closed and removed on exit
         page.goto("http://127.0.0.1:8888/lab?token=...")
