@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from core_paths import WORKBOOK
-from test_core_dependencies import closure, project
+from requirements_closure import closure, project
 
 REPO = Path(__file__).resolve().parents[2]
 HELPERS = REPO / "tests" / "helpers"

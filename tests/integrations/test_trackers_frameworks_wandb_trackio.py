@@ -44,7 +44,8 @@ def train_hf(output, **args):
     """The orphan's Trainer for 6 steps, every step logged, watched for the whole run; the
     trainer, the callback and what diagkit said through transformers' logger."""
     from diagkit.integrations.transformers import DiagkitCallback
-    from test_trackers_transformers import HeadLeftOut
+    from integration_helpers import head_left_out_trainer
+    HeadLeftOut = head_left_out_trainer()
     said: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())
@@ -103,7 +104,7 @@ def lightning_wandb(wandb, tmp_path_factory) -> dict:
     """Lightning with a `WandbLogger(offline=True)` (its run opened as the fit starts)."""
     L = pytest.importorskip("lightning.pytorch")
     from diagkit.integrations.lightning import DiagkitCallback
-    from test_trackers_lightning import fit
+    from lightning_runs import fit
     folder = tmp_path_factory.mktemp("lightning-wandb")
     logger = L.loggers.WandbLogger(offline=True, save_dir=str(folder), project=PROJECT)
     callback = DiagkitCallback(steps=None)

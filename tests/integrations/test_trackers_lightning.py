@@ -9,8 +9,6 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import torch
-from torch import nn
 
 L = pytest.importorskip("lightning.pytorch")
 pytest.importorskip("tensorboard")
@@ -19,24 +17,9 @@ mlflow = pytest.importorskip("mlflow")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from diagkit.integrations.lightning import DiagkitCallback  # noqa: E402
+from lightning_runs import fit  # noqa: E402
 
 FIX = "p.requires_grad_(False)"  # the orphan's fix: freeze what no optimizer steps
-
-
-class HeadLeftOut(L.LightningModule):
-    """The seed demo's orphan: `head` is used but left out of the optimizer."""
-
-    def __init__(self):
-        super().__init__()
-        self.body, self.head = nn.Linear(4, 8), nn.Linear(8, 2)
-
-    def training_step(self, batch, batch_idx):
-        loss = self.head(self.body(batch[0])).pow(2).mean()
-        self.log("loss", loss)
-        return loss
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.body.parameters(), lr=0.1)
 
 
 @pytest.fixture
@@ -48,19 +31,6 @@ def store(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     yield uri
     mlflow.set_tracking_uri(None)
-
-
-def fit(tmp_path, callback, loggers):
-    """6 steps (24 samples, batches of 4), every step logged."""
-    torch.manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(24, 4, generator=torch.Generator()
-                                                      .manual_seed(0)))
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=loggers,
-                        log_every_n_steps=1, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False,
-                        default_root_dir=tmp_path, callbacks=[callback])
-    trainer.fit(HeadLeftOut(), torch.utils.data.DataLoader(data, batch_size=4))
-    return trainer
 
 
 def text(events, tag) -> str:

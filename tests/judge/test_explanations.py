@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import diagkit
-from conftest import T, tables
+from tables import T, tables
 from diagkit.judge.findings import build_findings
 from diagkit.judge.verdicts import judge
 

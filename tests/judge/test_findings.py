@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import T, tables
+from tables import T, tables
 from diagkit.core.result import Finding, StepFailure, worst_severity
 from diagkit.judge.advice import build_advice
 from diagkit.judge.findings import build_findings

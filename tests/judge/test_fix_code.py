@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import diagkit
-from conftest import T, tables
+from tables import T, tables
 from diagkit.core import fixtext
 from diagkit.core.result import StepFailure
 from diagkit.judge.findings import build_findings

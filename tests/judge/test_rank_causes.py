@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from conftest import T, tables
+from tables import T, tables
 from diagkit.judge.findings import build_findings
 from diagkit.judge.rules_ranks import gradient_averaged
 from diagkit.judge.verdicts import judge

@@ -3,7 +3,7 @@ how `judge` keeps it off the tensors' verdicts, and its one finding for the whol
 
 from __future__ import annotations
 
-from conftest import T, tables
+from tables import T, tables
 from diagkit.judge.findings import build_findings
 from diagkit.judge.verdict import RUN_VERDICTS
 from diagkit.judge.verdicts import VERDICTS, judge

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from conftest import T, tables, verdict_sets
+from tables import T, tables, verdict_sets
 from diagkit.judge.findings import build_findings
 from diagkit.judge.verdicts import judge
 from diagkit.measure.tables.aggregate import fold_ranks

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from conftest import T, tables, verdict_sets
+from tables import T, tables, verdict_sets
 from diagkit.judge import verdicts as V
 from diagkit.judge.verdict import Verdict
 from diagkit.judge.verdicts import VERDICTS, judge

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from conftest import T, tables, verdict_sets
+from tables import T, tables, verdict_sets
 from diagkit.judge.findings import build_findings, subtrees
 from diagkit.judge.rules_change import told, untold_why, zero_gradient_untold
 from diagkit.judge.verdicts import judge, not_judged_without_optimizer

@@ -6,7 +6,7 @@ own. A presenter that folded by itself (or not at all) would show another number
 from __future__ import annotations
 
 import pandas as pd
-from conftest import T, tables, verdict_sets
+from tables import T, tables, verdict_sets
 
 from diagkit.measure.tables.aggregate import build_params, fold_ranks
 from diagkit.present import plots

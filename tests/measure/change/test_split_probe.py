@@ -38,7 +38,7 @@ from diagkit.measure.step.observer import Observer
 from diagkit.measure.change.probes import make_probe
 from diagkit.measure.batched.readback import Pending
 from diagkit.measure.tables.step_records import StepRecords
-from test_probe_oracle import ORACLE, apply, edits, tensors
+from tensor_edits import ORACLE, apply, edits, tensors
 
 MiB = 1 << 20
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from conftest import T, tables
+from tables import T, tables
 from diagkit.measure.tables.aggregate import aggregate_steps, fold_ranks
 
 

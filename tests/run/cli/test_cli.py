@@ -20,10 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli_inprocess import run_cli
+from cli_checks import TIMEOUT, assert_one_line_error, run
 
 DIAGKIT = Path(sys.executable).parent / "diagkit"
-TIMEOUT = 300
 
 TARGETS = textwrap.dedent('''
     import torch
@@ -67,27 +66,11 @@ HELPER = textwrap.dedent('''
 ''')
 
 
-def run(*args, cwd) -> subprocess.CompletedProcess:
-    """The command line, in this process."""
-    return run_cli(*args, cwd=cwd, env={"DIAGKIT_DEBUG": None}, timeout=TIMEOUT)
-
-
 def run_console_script(*args, cwd) -> subprocess.CompletedProcess:
     """The real console script, in a subprocess."""
     env = {k: v for k, v in os.environ.items() if k != "DIAGKIT_DEBUG"}
     return subprocess.run([str(DIAGKIT), *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=TIMEOUT)
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
-    # `diagkit demo` reports progress on stderr; everything else there must be the one reason
-    lines = [line for line in proc.stderr.strip().splitlines()
-             if not line.startswith("diagkit: diagnosing ")]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("diagkit: error:"), lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

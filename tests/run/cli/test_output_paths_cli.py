@@ -11,7 +11,7 @@ import os
 import pytest
 
 import diagkit
-from test_cli import assert_one_line_error, run
+from cli_checks import assert_one_line_error, run
 
 pytestmark = pytest.mark.slow  # the console script in a subprocess
 

@@ -3,7 +3,7 @@ watch moves the panel as it goes, without judging at every update; the explorer 
 the loop leaves the cell, not while it runs on; a cell that ends with the watch still on says
 what `stop()` gives; a cell run again stops the earlier watch on its optimizer, in one line.
 
-Each runs in a fresh interpreter under a real IPython shell (`test_live.in_ipython`); a cell
+Each runs in a fresh interpreter under a real IPython shell (`tests/helpers/ipython_runs.py`); a cell
 is run through the shell (`run_cell`), so IPython's own cell events fire. The widgets' value
 changes are counted as they are set: each is one message to the front end."""
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from test_live import in_ipython
+from ipython_runs import in_ipython
 
 CELL = """
     from IPython import get_ipython

@@ -21,7 +21,7 @@ import pytest
 import diagkit
 from cli_inprocess import run_cli
 from samples import failing_run
-from test_cli import assert_one_line_error
+from cli_checks import assert_one_line_error
 
 CHECKPOINT = Path(__file__).resolve().parents[3] / "data" / "finetune_heads_pretrain.pt"
 DIAGKIT = Path(sys.executable).parent / "diagkit"
