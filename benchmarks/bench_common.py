@@ -10,6 +10,7 @@ them, and nothing imports the runner (`overhead.py`): the bench's imports point 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,6 +76,16 @@ class Bench:
 def mark(value: float, goal: float) -> str:
     """A figure's status against a goal it must not exceed."""
     return "met" if value <= goal else "NOT met"
+
+
+def gpt_engine_step(bench: Bench, key: str, timer, lines, goal: float) -> None:
+    """An engine's watched GPT step against that engine's plain one (`timer` and `lines` from
+    its timing script: FSDP2's, ZeRO's), under `bench.result[key]`, its rows beside `goal`."""
+    sz = bench.sizes
+    print(f"[{key.split('_')[0]}] gpt ...", file=sys.stderr, flush=True)
+    r = timer(build, "gpt", sz["gpt"], sz["rounds"]["gpt"], sz["steps_per_block"]["gpt"])
+    bench.result[key] = {"gpt": r}
+    bench.lines += lines("gpt", r, goal)
 
 
 # ============================================================== models

@@ -5,9 +5,7 @@ benchmarks/zero_time.py).
 
 from __future__ import annotations
 
-import sys
-
-from bench_common import Bench, build
+from bench_common import Bench, gpt_engine_step
 
 NAME = "zero"
 GOALS = {"step_ratio_zero": 1.05}       # watch under a process group: issue 25's goal
@@ -18,8 +16,4 @@ MISSING = ("DeepSpeed ZeRO-3 (J)", "skipped: deepspeed is not installed", "-", "
 def run(bench: Bench) -> None:
     """The engine's watched step against its plain one (`result["zero_watch_time"]`)."""
     from zero_time import time_zero, zero_lines
-    sz = bench.sizes
-    print("[zero] gpt ...", file=sys.stderr, flush=True)
-    r = time_zero(build, "gpt", sz["gpt"], sz["rounds"]["gpt"], sz["steps_per_block"]["gpt"])
-    bench.result["zero_watch_time"] = {"gpt": r}
-    bench.lines += zero_lines("gpt", r, GOALS["step_ratio_zero"])
+    gpt_engine_step(bench, "zero_watch_time", time_zero, zero_lines, GOALS["step_ratio_zero"])

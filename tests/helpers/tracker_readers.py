@@ -11,7 +11,10 @@ file header, 32 KiB blocks, each record a 7-byte header and a `wandb_internal_pb
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -121,3 +124,18 @@ def trackio_read(project: str, name: str, run_id: str | None = None) -> dict:
     if run_id is not None:
         found["artifacts"] = SQLiteStorage.get_run_artifacts(project, name, run_id)["output"]
     return found
+
+
+def trackio_script_stored(script: Path, folder: Path, timeout: float) -> dict:
+    """Run `script FOLDER` in a fresh interpreter (Trackio reads TRACKIO_DIR once, at import)
+    with its store in FOLDER/store, tests/helpers importable and nothing that reaches a Space;
+    what the script wrote to FOLDER/stored.json."""
+    env = {k: v for k, v in os.environ.items() if k not in TRACKIO_REMOTE}
+    env.update(TRACKIO_DIR=str(folder / "store"), HF_HUB_OFFLINE="1",
+               HF_HUB_DISABLE_TELEMETRY="1", GRADIO_ANALYTICS_ENABLED="False",
+               PYTHONPATH=os.pathsep.join(p for p in (str(Path(__file__).resolve().parent),
+                                                      env.get("PYTHONPATH")) if p))
+    done = subprocess.run([sys.executable, str(script), str(folder)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    return json.loads((folder / "stored.json").read_text())

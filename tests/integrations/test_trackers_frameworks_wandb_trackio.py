@@ -17,15 +17,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from integration_helpers import Sequences, observed_steps, tiny_classifier, training_args
-from tracker_readers import (TRACKIO_REMOTE, diagkit_rows, read_back, trackio_read,
+from tracker_readers import (diagkit_rows, read_back, trackio_read, trackio_script_stored,
                              wandb_offline, wandb_table)
 
 HERE = Path(__file__).resolve()
@@ -181,15 +179,7 @@ def hf_trackio(tmp_path_factory) -> dict:
     """The Trainer with `report_to=["trackio"]`, in a process of its own (this file as a
     script, below: Trackio reads `TRACKIO_DIR` as it is imported); what it read back."""
     folder = tmp_path_factory.mktemp("hf-trackio")
-    env = {k: v for k, v in os.environ.items() if k not in TRACKIO_REMOTE}
-    env.update(TRACKIO_DIR=str(folder / "store"), HF_HUB_OFFLINE="1",
-               HF_HUB_DISABLE_TELEMETRY="1", GRADIO_ANALYTICS_ENABLED="False",
-               PYTHONPATH=os.pathsep.join(p for p in (str(HERE.parents[1] / "helpers"),
-                                                      env.get("PYTHONPATH")) if p))
-    done = subprocess.run([sys.executable, str(HERE), str(folder)], env=env,
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    return json.loads((folder / "stored.json").read_text())
+    return trackio_script_stored(HERE, folder, timeout=240)
 
 
 @needs_trackio

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tracker_readers import TRACKIO_REMOTE as REMOTE
+from tracker_readers import trackio_script_stored
 
 if importlib.util.find_spec("trackio") is None:
     pytest.skip("trackio is not installed", allow_module_level=True)
@@ -33,15 +31,7 @@ ORPHAN_LINE = ("diagkit: error: orphan in fc2 (2 tensors) from step 3; fix: "
 def stored(tmp_path_factory) -> dict:
     """Run every scenario in one process (below, `main`) and return what it read back."""
     folder = tmp_path_factory.mktemp("trackio")
-    env = {k: v for k, v in os.environ.items() if k not in REMOTE}
-    env.update(TRACKIO_DIR=str(folder / "store"), HF_HUB_OFFLINE="1",
-               HF_HUB_DISABLE_TELEMETRY="1", GRADIO_ANALYTICS_ENABLED="False",
-               PYTHONPATH=os.pathsep.join(p for p in (str(HERE.parents[2] / "helpers"),
-                                                      env.get("PYTHONPATH")) if p))
-    done = subprocess.run([sys.executable, str(HERE), str(folder)], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    return json.loads((folder / "stored.json").read_text())
+    return trackio_script_stored(HERE, folder, timeout=120)
 
 
 def test_a_watch_sends_series_summary_table_alert_and_diagnosis_to_the_open_run(stored):
