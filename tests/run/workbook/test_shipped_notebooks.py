@@ -42,3 +42,16 @@ def test_a_file_in_the_way_is_one_line(tmp_path):
         copy_notebooks(tmp_path / "f")
     with pytest.raises(DiagkitError, match="cannot copy"):
         copy_notebooks(tmp_path / "f" / "sub")
+
+
+def test_a_copy_made_before_the_rooms_still_imports_what_it_calls():
+    """The notebooks copied out before run/ had rooms import `diagkit.run.notebook`, `compare`
+    and `contract` by their old names; the user's copy keeps running (run/__init__.py)."""
+    import diagkit.run.workbook.compare as compare_module
+    import diagkit.run.workbook.notebook as notebook_module
+    names = {}
+    exec("from diagkit.run import compare, notebook\nfrom diagkit.run import contract", names)
+    assert names["notebook"] is notebook_module and names["compare"] is compare_module
+    assert names["contract"].__name__ == "diagkit.run.workbook.contract"
+    with pytest.raises(ImportError):
+        exec("from diagkit.run import watch_ends", {})  # only what the notebooks used
